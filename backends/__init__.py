@@ -1,0 +1,2 @@
+"""Built-in backends of mooncake-cli, installed as `mooncake_backends` and registered through
+the same entry points as third-party plugins."""

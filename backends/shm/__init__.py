@@ -1,0 +1,117 @@
+"""`shm` transport: same-host peers map each other's registered memory through POSIX shared
+memory and copy directly, with no socket on the data path.
+
+A peer's shm-backed regions (those allocated from a tier with `shared=True`) are mapped on
+first use; requests are bounds-checked against the peer's descriptor before any copy, and each
+request checks that the peer process is still alive. When the peer requires a secret the
+channel proves it once over the peer's listener before mapping anything. Requests that fall in
+a region that is not shm-backed go over a TCP connection instead.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from mooncake_cli.interfaces import RegionInfo, SegmentDescriptor, TransferError
+from mooncake_cli.transfer.client import TargetClient
+from mooncake_cli.transfer.hostinfo import boot_id
+
+SHM_DIR = "/dev/shm"
+
+
+class ShmChannel:
+    def __init__(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> None:
+        self.peer = peer
+        self._secret, self._timeout = secret, timeout
+        self._maps: dict[str, memoryview] = {}
+        self._mms: list[mmap.mmap] = []
+        self._tcp: TargetClient | None = None
+        if peer.auth:  # prove the secret before touching the peer's memory
+            self._tcp = TargetClient(peer.host, peer.port, secret, timeout)
+
+    def _alive(self) -> None:
+        try:
+            os.kill(self.peer.pid, 0)
+        except ProcessLookupError:
+            raise TransferError(f"peer '{self.peer.name}' (pid {self.peer.pid}) is gone") from None
+        except PermissionError:
+            pass
+
+    def _mapped(self, r: RegionInfo) -> memoryview:
+        assert r.shm is not None
+        mv = self._maps.get(r.shm)
+        if mv is None:
+            try:
+                fd = os.open(os.path.join(SHM_DIR, r.shm), os.O_RDWR)
+            except OSError as e:
+                raise TransferError(f"cannot map {r.shm} of '{self.peer.name}': {e}") from e
+            try:
+                mm = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+            if len(mm) < r.length:
+                mm.close()
+                raise TransferError(f"{r.shm} is smaller than the peer says ({r.length} bytes)")
+            self._mms.append(mm)
+            mv = self._maps[r.shm] = memoryview(mm)[:r.length]
+        return mv
+
+    def _locate(self, off: int, n: int) -> tuple[memoryview | None, int]:
+        r = self.peer.region_for(off, n)
+        if r is None:
+            raise TransferError(f"{self.peer.name}: out of bounds: [{off}, {off + n}) is not "
+                                "inside one registered region")
+        if r.shm is None:
+            return None, 0
+        return self._mapped(r), off - r.base
+
+    def _fallback(self) -> TargetClient:
+        if self._tcp is None or self._tcp.broken:
+            self._tcp = TargetClient(self.peer.host, self.peer.port, self._secret, self._timeout)
+        return self._tcp
+
+    def read(self, remote_offset: int, dst: memoryview) -> None:
+        self._alive()
+        mv, start = self._locate(remote_offset, len(dst))
+        if mv is None:
+            return self._fallback().read(remote_offset, dst)
+        dst[:] = mv[start:start + len(dst)]
+
+    def write(self, remote_offset: int, src: memoryview) -> None:
+        self._alive()
+        mv, start = self._locate(remote_offset, len(src))
+        if mv is None:
+            return self._fallback().write(remote_offset, src)
+        mv[start:start + len(src)] = src
+
+    def close(self) -> None:
+        for mv in self._maps.values():
+            mv.release()
+        self._maps.clear()
+        for mm in self._mms:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+        self._mms.clear()
+        if self._tcp is not None:
+            self._tcp.close()
+
+
+class ShmTransport:
+    name = "shm"
+    priority = 20
+
+    def available(self) -> tuple[bool, str]:
+        if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
+            return False, f"{SHM_DIR} is missing or not writable"
+        return True, ""
+
+    def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> bool:
+        return (peer.boot_id == local.boot_id and peer.boot_id != ""
+                and any(r.shm and os.path.exists(os.path.join(SHM_DIR, r.shm))
+                        for r in peer.regions))
+
+    def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> ShmChannel:
+        return ShmChannel(peer, secret, timeout)

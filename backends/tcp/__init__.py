@@ -1,0 +1,24 @@
+"""`tcp` transport: the engine's wire protocol over TCP sockets.
+
+Payloads go out with `sendmsg` straight from registered memory and land with `recv_into`
+straight into it; the engine opens several connections per peer and spreads slices over them.
+"""
+
+from __future__ import annotations
+
+from mooncake_cli.interfaces import SegmentDescriptor
+from mooncake_cli.transfer.client import TargetClient
+
+
+class TcpTransport:
+    name = "tcp"
+    priority = 10
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> bool:
+        return bool(peer.host) and peer.port > 0
+
+    def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> TargetClient:
+        return TargetClient(peer.host, peer.port, secret, timeout)

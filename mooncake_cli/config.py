@@ -1,0 +1,136 @@
+"""One frozen config dataclass per role. Precedence: defaults < TOML file < MOONCAKE_* env < flags.
+
+A TOML file holds one table per role (`[transfer]`, `[bench]` ...); keys may use dashes. An
+environment variable MOONCAKE_<FIELD> (e.g. MOONCAKE_SECRET, MOONCAKE_METADATA) overrides the
+file. Sizes accept "64KiB", "16MB", "1GiB" or plain bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, get_type_hints
+
+from mooncake_cli.interfaces import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
+          "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in "64KiB", "16MB", "1g" or 4096; ConfigError with the accepted forms otherwise."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"bad size '{text}': use bytes or a unit such as 64KiB, 16MB, 1GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def size_field(default: int, help: str = "") -> Any:
+    return field(default=default, metadata={"size": True, "help": help})
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """A transfer engine: its listener, segment name, metadata and transport choices."""
+
+    host: str = "127.0.0.1"  # listener bind address; loopback unless told otherwise
+    port: int = 0  # 0 picks a free port
+    advertise: str = ""  # address peers use to reach us; default: host (hostname for 0.0.0.0)
+    name: str = ""  # segment name; default HOST:PORT (required to be that with p2p metadata)
+    metadata: str = "p2p"
+    transport: str = "auto"  # auto picks the best reachable transport per peer
+    secret: str = ""
+    connections: int = 4  # per peer
+    workers: int = 4
+    slice_size: int = size_field(4 << 20, "largest slice of one request")
+    timeout: float = 10.0  # seconds, per socket operation and per connect
+    metadata_ttl: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port {self.port} is out of range 0-65535")
+        if self.connections < 1 or self.workers < 1:
+            raise ConfigError("connections and workers must be at least 1")
+        if self.slice_size < 4096:
+            raise ConfigError(f"slice_size {self.slice_size} is below 4 KiB")
+        if self.timeout <= 0 or self.metadata_ttl < 2:
+            raise ConfigError("timeout must be > 0 and metadata_ttl >= 2 seconds")
+
+
+C = TypeVar("C")
+
+
+def _coerce(cls: type, f: dataclasses.Field[Any], value: Any, source: str) -> Any:
+    kind = get_type_hints(cls)[f.name]
+    try:
+        if f.metadata.get("size"):
+            return parse_size(value)
+        if kind is bool and isinstance(value, str):
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(value)
+            return value.lower() in ("1", "true", "yes", "on")
+        if kind in (int, float, str, bool):
+            return kind(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: bad value {value!r} for {f.name}: {e}") from e
+    return value
+
+
+def read_toml(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
+
+
+def load(cls: type[C], section: str, file: str | None = None,
+         env: Mapping[str, str] | None = None, **flags: Any) -> C:
+    """Build `cls` from defaults, the file's [section], MOONCAKE_* env and non-None flags."""
+    env = os.environ if env is None else env
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    table = read_toml(file).get(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{section}] in {file} must be a table")
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            raise ConfigError(f"{file}: unknown key '{key}' in [{section}] "
+                              f"(known: {', '.join(sorted(fields))})")
+        values[name] = _coerce(cls, fields[name], value, str(file))
+    for name, f in fields.items():
+        raw = env.get(f"MOONCAKE_{name.upper()}")
+        if raw is not None and raw != "":
+            values[name] = _coerce(cls, f, raw, f"MOONCAKE_{name.upper()}")
+    for name, value in flags.items():
+        if name not in fields:
+            raise TypeError(f"{cls.__name__} has no field {name}")
+        if value is not None:
+            values[name] = _coerce(cls, fields[name], value, f"--{name.replace('_', '-')}")
+    return cls(**values)

@@ -1,0 +1,106 @@
+"""Transfer requests, their per-request status, and batches that can be polled or waited on."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass
+
+from mooncake_cli.transfer.segment import Region
+
+
+class Op(str, enum.Enum):
+    READ = "read"  # peer -> local region
+    WRITE = "write"  # local region -> peer
+
+
+class State(str, enum.Enum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class TransferRequest:
+    """Move `length` bytes between `local` at `local_offset` and `target` at `target_offset`."""
+
+    op: Op
+    local: Region
+    local_offset: int
+    target: str
+    target_offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Status:
+    state: State
+    reason: str = ""
+    transferred: int = 0
+
+
+class Batch:
+    """Tracks the slices of each request; thread-safe. Created by `TransferEngine.submit`."""
+
+    def __init__(self, requests: list[TransferRequest]) -> None:
+        self.requests = requests
+        self.submitted_at = time.perf_counter()
+        self._cond = threading.Condition()
+        self._left = [0] * len(requests)
+        self._done = [0] * len(requests)
+        self._reason: list[str | None] = [None] * len(requests)
+        self._open = len(requests)
+
+    def expect(self, index: int, slices: int) -> None:
+        """Announce how many slices request `index` was cut into (before any runs)."""
+        with self._cond:
+            self._left[index] = slices
+            if slices == 0:
+                self._finish(index)
+
+    def _finish(self, index: int) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self._cond.notify_all()
+
+    def slice_done(self, index: int, nbytes: int, error: str | None = None) -> None:
+        with self._cond:
+            if self._left[index] <= 0:
+                return
+            if error is not None and self._reason[index] is None:
+                self._reason[index] = error
+            self._done[index] += nbytes if error is None else 0
+            self._left[index] -= 1
+            if self._left[index] == 0:
+                self._finish(index)
+
+    def fail(self, index: int, error: str) -> None:
+        """Fail request `index` before it was sliced."""
+        self.expect(index, 1)
+        self.slice_done(index, 0, error)
+
+    def _status(self, i: int) -> Status:
+        if self._left[i] > 0:
+            return Status(State.PENDING, "", self._done[i])
+        if self._reason[i] is not None:
+            return Status(State.FAILED, self._reason[i] or "failed", self._done[i])
+        return Status(State.COMPLETED, "", self._done[i])
+
+    def poll(self) -> list[Status]:
+        with self._cond:
+            return [self._status(i) for i in range(len(self.requests))]
+
+    @property
+    def done(self) -> bool:
+        with self._cond:
+            return self._open == 0
+
+    def wait(self, timeout: float | None = None) -> list[Status]:
+        """Block until every request finished or `timeout` seconds passed; then poll."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._open == 0, timeout)
+            return [self._status(i) for i in range(len(self.requests))]
+
+    def ok(self, timeout: float | None = None) -> bool:
+        return all(s.state is State.COMPLETED for s in self.wait(timeout))

@@ -1,0 +1,101 @@
+"""The initiator side of the wire protocol: one authenticated connection to a target."""
+
+from __future__ import annotations
+
+import socket
+
+from mooncake_cli.interfaces import TransferError
+from mooncake_cli.transfer import wire
+
+_ERRORS = {wire.E_BOUNDS: "out of bounds", wire.E_BADOP: "malformed request",
+           wire.E_AUTH: "not authorised", wire.E_TOOBIG: "too big", wire.E_INTERNAL: "internal"}
+
+
+class TargetClient:
+    """A connection to a target's listener. One caller at a time; `broken` after an I/O error."""
+
+    def __init__(self, host: str, port: int, secret: str | None, timeout: float) -> None:
+        self.peer = f"{host}:{port}"
+        self.broken = False
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as e:
+            raise TransferError(f"cannot connect to {self.peer}: {e.strerror or e}") from e
+        try:
+            wire.tune(self._sock)
+            self._handshake(secret)
+        except (OSError, ConnectionError) as e:
+            self._sock.close()
+            raise TransferError(f"handshake with {self.peer} failed: {e}") from e
+        except TransferError:
+            self._sock.close()
+            raise
+        self._hdr = bytearray(wire.RESPONSE.size)
+        self._rid = 0
+
+    def _handshake(self, secret: str | None) -> None:
+        magic, version, auth, nonce = wire.HELLO.unpack(wire.recv_exact(self._sock,
+                                                                        wire.HELLO.size))
+        if magic != b"MCK" or version != wire.VERSION:
+            raise TransferError(f"{self.peer} is not a mooncake transfer target "
+                                f"(magic {magic!r}, version {version})")
+        if not auth:
+            return
+        if not secret:
+            raise TransferError(f"{self.peer} requires a shared secret: pass --secret or set "
+                                "MOONCAKE_SECRET")
+        self._sock.sendall(wire.prove(secret, nonce))
+        if wire.recv_exact(self._sock, 1) != b"\x00":
+            raise TransferError(f"{self.peer} refused our secret (wrong --secret?)")
+
+    def _response(self) -> int:
+        wire.recv_into_exact(self._sock, memoryview(self._hdr))
+        status, _z, _r, _rid, length = wire.RESPONSE.unpack(self._hdr)
+        if status != wire.OK:
+            msg = wire.recv_exact(self._sock, length).decode(errors="replace")
+            raise TransferError(f"{self.peer}: {_ERRORS.get(status, status)}: {msg}")
+        return length
+
+    def _io(self, fn, *args):  # type: ignore[no-untyped-def]
+        if self.broken:
+            raise TransferError(f"connection to {self.peer} is broken")
+        try:
+            return fn(*args)
+        except (OSError, ConnectionError) as e:
+            self.broken = True
+            self.close()
+            raise TransferError(f"connection to {self.peer} lost: {e or type(e).__name__}") from e
+
+    def read(self, remote_offset: int, dst: memoryview) -> None:
+        self._io(self._read, remote_offset, dst)
+
+    def _read(self, off: int, dst: memoryview) -> None:
+        self._rid = (self._rid + 1) & 0xFFFFFFFF
+        self._sock.sendall(wire.REQUEST.pack(wire.OP_READ, 0, 0, self._rid, off, len(dst)))
+        n = self._response()
+        if n != len(dst):
+            raise ConnectionError(f"short read: {n} of {len(dst)} bytes")
+        wire.recv_into_exact(self._sock, dst)
+
+    def write(self, remote_offset: int, src: memoryview) -> None:
+        self._io(self._write, remote_offset, src)
+
+    def _write(self, off: int, src: memoryview) -> None:
+        self._rid = (self._rid + 1) & 0xFFFFFFFF
+        wire.send_parts(self._sock,
+                        wire.REQUEST.pack(wire.OP_WRITE, 0, 0, self._rid, off, len(src)), src)
+        self._response()
+
+    def describe(self) -> bytes:
+        return self._io(self._describe)  # type: ignore[no-any-return]
+
+    def _describe(self) -> bytes:
+        self._rid = (self._rid + 1) & 0xFFFFFFFF
+        self._sock.sendall(wire.REQUEST.pack(wire.OP_DESCRIBE, 0, 0, self._rid, 0, 0))
+        return wire.recv_exact(self._sock, self._response())
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass

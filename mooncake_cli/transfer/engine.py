@@ -1,0 +1,249 @@
+"""The transfer engine: register memory as a named segment, publish it, and move bytes to and
+from peer segments in batches over the best transport that reaches each peer.
+
+    engine = TransferEngine(TransferConfig(), Registry.from_env())
+    region = engine.allocate(64 << 20)              # or engine.register(numpy_array)
+    batch = engine.submit([TransferRequest(Op.READ, region, 0, "127.0.0.1:15000", 0, 4096)])
+    statuses = batch.wait(timeout=5)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from typing import Any
+
+from mooncake_cli.config import TransferConfig
+from mooncake_cli.interfaces import (ConfigError, MooncakeError, SegmentDescriptor, Transport,
+                                     TransferError)
+from mooncake_cli.registry import Registry
+from mooncake_cli.transfer.batch import Batch, Op, Status, TransferRequest
+from mooncake_cli.transfer.hostinfo import boot_id, hostname
+from mooncake_cli.transfer.metadata import open_metadata
+from mooncake_cli.transfer.peers import Peer
+from mooncake_cli.transfer.segment import Region, Segment
+from mooncake_cli.transfer.server import TargetServer
+
+log = logging.getLogger("mooncake.transfer")
+
+MIN_SLICE = 256 << 10
+INLINE_BYTES = 64 << 10  # batches this small run in the caller's thread: no hand-off latency
+
+
+def cut(length: int, parallel: int, max_slice: int) -> list[tuple[int, int]]:
+    """(offset, length) slices of a request: spread over `parallel` connections, each between
+    MIN_SLICE and `max_slice` bytes (a shorter request is one slice)."""
+    if length <= MIN_SLICE:
+        return [(0, length)]
+    n = max(min(-(-length // MIN_SLICE), parallel), -(-length // max_slice))
+    size = -(-length // n)
+    return [(o, min(size, length - o)) for o in range(0, length, size)]
+
+
+class TransferEngine:
+    def __init__(self, config: TransferConfig, registry: Registry) -> None:
+        self.config = config
+        self.registry = registry
+        self._transports = self._pick_transports(config.transport)
+        self._secret = config.secret or None
+        self.segment = Segment("")
+        self._server = TargetServer(self.segment, self._describe_bytes, config.host,
+                                    config.port, self._secret)
+        advertise = config.advertise or (config.host if config.host not in ("0.0.0.0", "::", "")
+                                         else hostname())
+        self.address = f"{advertise}:{self._server.port}"
+        p2p = config.metadata.strip().lower() in ("p2p", "p2phandshake", "")
+        if p2p and config.name and config.name != self.address:
+            log.warning("p2p metadata names a segment by its address: using %s, not %s",
+                        self.address, config.name)
+        self.name = self.segment.name = self.address if p2p or not config.name else config.name
+        self._boot_id = boot_id()
+        try:
+            self.metadata = open_metadata(config.metadata, self._secret, config.timeout,
+                                          config.metadata_ttl)
+            self.metadata.publish(self.descriptor())
+        except BaseException:
+            self._server.close()
+            raise
+        self._peers: dict[str, Peer] = {}
+        self._lock = threading.Lock()
+        self._buffers: dict[int, Any] = {}
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._workers = [threading.Thread(target=self._work, name=f"mooncake-worker-{i}",
+                                          daemon=True) for i in range(config.workers)]
+        for w in self._workers:
+            w.start()
+        self._closed = False
+
+    def _pick_transports(self, choice: str) -> list[Transport]:
+        group = "mooncake.transports"
+        if choice == "auto":
+            found = self.registry.available(group)
+            if not found:
+                raise ConfigError("no transport plugin is available (see `mooncake plugins`)")
+        else:
+            found = [self.registry.get(group, choice)]
+        return sorted(found, key=lambda t: -t.priority)
+
+    # -- memory -------------------------------------------------------------------------------
+    def register(self, obj: Any, location: str | None = None) -> Region:
+        """Register a writable buffer (bytearray, numpy array, CPU tensor, mmap) as a region."""
+        try:
+            region = self.segment.register(obj, location)
+        except ValueError as e:
+            raise TransferError(f"cannot register memory: {e}") from e
+        self._republish()
+        return region
+
+    def allocate(self, size: int, tier: str = "dram", shared: bool = True) -> Region:
+        """A fresh zeroed region from a tier plugin; shm-backed so same-host peers can map it."""
+        buf = self.registry.get("mooncake.tiers", tier).allocate(size, shared=shared)
+        region = self.segment.register(buf, shm=buf.shm, view=buf.view)
+        self._buffers[region.base] = buf
+        self._republish()
+        return region
+
+    def unregister(self, region: Region) -> None:
+        self.segment.unregister(region)
+        buf = self._buffers.pop(region.base, None)
+        self._republish()
+        if buf is not None:
+            buf.close()
+
+    def _republish(self) -> None:
+        if hasattr(self, "_peers"):
+            self.metadata.publish(self.descriptor())
+
+    def descriptor(self) -> SegmentDescriptor:
+        return SegmentDescriptor(self.name, self.address.rpartition(":")[0], self._server.port,
+                                 self._boot_id, os.getpid(), self._secret is not None,
+                                 tuple(r.info() for r in self.segment.regions))
+
+    def _describe_bytes(self) -> bytes:
+        return self.descriptor().to_json()
+
+    # -- peers --------------------------------------------------------------------------------
+    def _peer(self, name: str) -> Peer:
+        with self._lock:
+            peer = self._peers.get(name)
+        if peer is not None and not peer.stale:
+            return peer
+        if name == self.name:
+            peer = Peer(self.descriptor(), None, None, self.config.timeout, 1 << 16,
+                        local=self.segment)
+        else:
+            desc = self.metadata.lookup(name)
+            local = self.descriptor()
+            usable = [t for t in self._transports if t.reachable(desc, local)]
+            if not usable:
+                raise TransferError(f"no transport reaches '{name}' (tried "
+                                    f"{', '.join(t.name for t in self._transports)})")
+            peer = Peer(desc, usable[0], self._secret, self.config.timeout,
+                        self.config.connections)
+        with self._lock:
+            old = self._peers.get(name)
+            self._peers[name] = peer
+        if old is not None:
+            old.close()
+        return peer
+
+    def transport_for(self, name: str) -> str:
+        """The name of the transport used for segment `name` (resolving it if needed)."""
+        return self._peer(name).name
+
+    # -- transfers ----------------------------------------------------------------------------
+    def submit(self, requests: list[TransferRequest]) -> Batch:
+        """Queue a batch and return at once (small batches complete before returning)."""
+        if self._closed:
+            raise TransferError("engine is closed")
+        batch = Batch(list(requests))
+        work: list[tuple[Any, ...]] = []
+        for i, r in enumerate(batch.requests):
+            if r.length < 0 or r.local_offset < 0 or r.target_offset < 0 or \
+                    r.local_offset + r.length > r.local.length:
+                batch.fail(i, f"local out of bounds: [{r.local_offset}, "
+                              f"{r.local_offset + r.length}) of a {r.local.length}-byte region")
+                continue
+            try:
+                peer = self._peer(r.target)
+            except MooncakeError as e:
+                batch.fail(i, str(e))
+                continue
+            parts = cut(r.length, self.config.connections, self.config.slice_size)
+            batch.expect(i, len(parts))
+            view = r.local.view[r.local_offset:r.local_offset + r.length]
+            for off, n in parts:
+                work.append((batch, i, peer, r.op, view[off:off + n], r.target_offset + off))
+        if sum(len(w[4]) for w in work) <= INLINE_BYTES:
+            for w in work:
+                self._run(*w)
+        else:
+            for w in work:
+                self._queue.put(w)
+        return batch
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            self._run(*item)
+
+    def _run(self, batch: Batch, index: int, peer: Peer, op: Op, view: memoryview,
+             remote: int) -> None:
+        error = None
+        for attempt in (0, 1):
+            try:
+                ch = peer.acquire()
+            except TransferError as e:
+                error = str(e)
+                break
+            try:
+                (ch.read if op is Op.READ else ch.write)(remote, view)  # type: ignore[union-attr]
+                error = None
+            except TransferError as e:
+                error = str(e)
+            finally:
+                peer.release(ch)  # type: ignore[arg-type]
+            if error is None or not getattr(ch, "broken", False):
+                break  # done, or refused by the peer: retrying would not help
+        if error is not None:
+            peer.stale = True
+        batch.slice_done(index, len(view), error)
+
+    def transfer(self, op: Op, region: Region, local_offset: int, target: str,
+                 target_offset: int, length: int, timeout: float | None = None) -> Status:
+        """One request, waited for; TransferError with the reason when it fails."""
+        batch = self.submit([TransferRequest(op, region, local_offset, target, target_offset,
+                                             length)])
+        status = batch.wait(timeout if timeout is not None else self.config.timeout * 2)[0]
+        if status.state.value != "completed":
+            raise TransferError(status.reason or f"{op.value} timed out")
+        return status
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._workers:
+            self._queue.put(None)
+        try:
+            self.metadata.withdraw(self.name)
+        except MooncakeError:
+            pass
+        self.metadata.close()
+        self._server.close()
+        with self._lock:
+            peers, self._peers = list(self._peers.values()), {}
+        for p in peers:
+            p.close()
+        for w in self._workers:
+            w.join(timeout=2)
+        for buf in self._buffers.values():
+            buf.close()
+        self._buffers.clear()
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,76 @@
+"""etcd metadata through etcd3gw (etcd's JSON gateway). A descriptor is attached to a lease
+that a keeper thread refreshes; when the engine dies the lease, and the descriptor, expire."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mooncake_cli.interfaces import MetadataError, SegmentDescriptor
+from mooncake_cli.transfer.metadata import KEY_PREFIX, Keeper, split_hostport
+
+
+class EtcdMetadata:
+    kind = "etcd"
+
+    def __init__(self, url: str, timeout: float, ttl: float) -> None:
+        import etcd3gw
+
+        self._endpoints = [split_hostport(e, "etcd endpoint")
+                           for e in url[len("etcd://"):].split(",") if e.strip()]
+        if not self._endpoints:
+            raise MetadataError(f"no etcd endpoint in '{url}'")
+        self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout)
+                         for h, p in self._endpoints]
+        self._ttl = max(int(ttl), 2)
+        self._leases: dict[str, tuple[Any, Keeper]] = {}
+
+    def _each(self, what: str, fn: Any) -> Any:
+        """Run `fn(client)` on the first endpoint that answers."""
+        errors = []
+        for (host, port), client in zip(self._endpoints, self._clients):
+            try:
+                return fn(client)
+            except Exception as e:  # etcd3gw raises requests' and its own errors
+                errors.append(f"{host}:{port}: {type(e).__name__}: {e}")
+        raise MetadataError(f"etcd {what} failed on every endpoint: " + "; ".join(errors))
+
+    def publish(self, desc: SegmentDescriptor) -> None:
+        key, value = KEY_PREFIX + desc.name, desc.to_json().decode()
+        self.withdraw_local(desc.name)
+
+        def put(client: Any) -> Any:
+            lease = client.lease(ttl=self._ttl)
+            client.put(key, value, lease=lease)
+            return lease
+
+        lease = self._each("put", put)
+        keeper = Keeper(self._ttl / 3, lease.refresh, f"mooncake-etcd-lease-{desc.name}")
+        self._leases[desc.name] = (lease, keeper)
+
+    def lookup(self, name: str) -> SegmentDescriptor:
+        values = self._each("get", lambda c: c.get(KEY_PREFIX + name))
+        if not values:
+            raise MetadataError(f"segment '{name}' not found in etcd")
+        return SegmentDescriptor.from_json(values[0])
+
+    def withdraw_local(self, name: str) -> Any:
+        item = self._leases.pop(name, None)
+        if item:
+            item[1].stop()
+        return item
+
+    def withdraw(self, name: str) -> None:
+        item = self.withdraw_local(name)
+        if item:
+            try:
+                item[0].revoke()
+            except Exception:
+                pass
+        self._each("delete", lambda c: c.delete(KEY_PREFIX + name))
+
+    def close(self) -> None:
+        for name in list(self._leases):
+            try:
+                self.withdraw(name)
+            except MetadataError:
+                pass

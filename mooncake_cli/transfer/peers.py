@@ -1,0 +1,87 @@
+"""Pooled channels to one peer segment, opened on demand up to a per-peer limit."""
+
+from __future__ import annotations
+
+import threading
+
+from mooncake_cli.interfaces import Channel, SegmentDescriptor, Transport, TransferError
+from mooncake_cli.transfer.segment import Segment
+
+
+class LocalChannel:
+    """The engine's own segment: a bounds-checked memcpy."""
+
+    def __init__(self, segment: Segment) -> None:
+        self._segment = segment
+        self.broken = False
+
+    def read(self, remote_offset: int, dst: memoryview) -> None:
+        dst[:] = self._segment.view(remote_offset, len(dst))
+
+    def write(self, remote_offset: int, src: memoryview) -> None:
+        self._segment.view(remote_offset, len(src))[:] = src
+
+    def close(self) -> None:
+        pass
+
+
+class Peer:
+    """Up to `limit` channels to `desc` through `transport`; `acquire` blocks when all are busy."""
+
+    def __init__(self, desc: SegmentDescriptor, transport: Transport | None, secret: str | None,
+                 timeout: float, limit: int, local: Segment | None = None) -> None:
+        self.desc, self.transport = desc, transport
+        self.name = transport.name if transport else "local"
+        self._secret, self._timeout, self._limit = secret, timeout, limit
+        self._local = local
+        self.stale = False  # set after a failure: the engine looks the peer up again
+        self._idle: list[Channel] = []
+        self._open = 0
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def _new(self) -> Channel:
+        if self._local is not None:
+            return LocalChannel(self._local)
+        assert self.transport is not None
+        return self.transport.connect(self.desc, self._secret, self._timeout)
+
+    def acquire(self, block: bool = True) -> Channel | None:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise TransferError(f"connections to '{self.desc.name}' are closed")
+                if self._idle:
+                    return self._idle.pop()
+                if self._open < self._limit:
+                    self._open += 1
+                    break
+                if not block:
+                    return None
+                if not self._cond.wait(self._timeout):
+                    raise TransferError(f"no free connection to '{self.desc.name}' within "
+                                        f"{self._timeout:g} s")
+        try:
+            return self._new()
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+
+    def release(self, ch: Channel) -> None:
+        with self._cond:
+            if getattr(ch, "broken", False) or self._closed:
+                self._open -= 1
+                ch.close()
+            else:
+                self._idle.append(ch)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            for ch in self._idle:
+                ch.close()
+            self._idle.clear()
+            self._cond.notify_all()

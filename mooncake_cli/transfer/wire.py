@@ -1,0 +1,89 @@
+"""The engine's wire protocol: fixed little-endian headers, HMAC challenge, exact socket I/O.
+
+On connect the target sends HELLO = b"MCK" | version u8 | auth u8 | nonce[32]. When auth is
+1 the initiator answers HMAC-SHA256(secret, nonce) and the target replies one byte (0 = ok).
+Then requests flow: REQUEST header, plus `length` payload bytes for WRITE; each gets a
+RESPONSE header plus `length` payload bytes (READ data, a descriptor, or a UTF-8 error).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+
+VERSION = 1
+HELLO = struct.Struct("<3sBB32s")
+REQUEST = struct.Struct("<BBHIQQ")  # op, flags, reserved, request id, offset, length
+RESPONSE = struct.Struct("<BBHIQ")  # status, 0, reserved, request id, payload length
+
+OP_DESCRIBE, OP_READ, OP_WRITE, OP_PING = 1, 2, 3, 4
+OPS = {OP_DESCRIBE, OP_READ, OP_WRITE, OP_PING}
+
+OK, E_BOUNDS, E_BADOP, E_AUTH, E_TOOBIG, E_INTERNAL = 0, 1, 2, 3, 4, 5
+MAX_REQUEST = 1 << 40  # a longer request is malformed: the connection is closed
+
+
+class PeerClosed(ConnectionError):
+    """The peer closed the connection in the middle of a frame."""
+
+
+def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill `view` from `sock`, straight into its memory."""
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise PeerClosed(f"peer closed the connection after {got} of {n} bytes")
+        got += k
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    recv_into_exact(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def send_parts(sock: socket.socket, *parts: bytes | memoryview) -> None:
+    """Send every part in order with as few syscalls as the kernel allows, no joining copy."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+def drain(sock: socket.socket, n: int, scratch: memoryview) -> None:
+    """Read and discard `n` bytes (the payload of a refused WRITE) to keep the stream framed."""
+    while n:
+        k = min(n, len(scratch))
+        recv_into_exact(sock, scratch[:k])
+        n -= k
+
+
+def make_nonce() -> bytes:
+    return os.urandom(32)
+
+
+def prove(secret: str, nonce: bytes) -> bytes:
+    return hmac.new(secret.encode(), nonce, hashlib.sha256).digest()
+
+
+def verify(secret: str, nonce: bytes, proof: bytes) -> bool:
+    return hmac.compare_digest(prove(secret, nonce), proof)
+
+
+def tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        except OSError:
+            pass
