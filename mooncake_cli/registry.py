@@ -2,7 +2,7 @@
 
 Built-in backends register through the same entry points as third-party ones. A plugin that
 fails to import or to construct is reported with its package and error; every other plugin
-keeps working. `MOONCAKE_PLUGINS=tcp,shm` restricts which plugins load.
+keeps working. `MOONCAKE_PLUGINS=tcp,shm` restricts which plugins of the groups it names load.
 """
 
 from __future__ import annotations
@@ -57,7 +57,12 @@ class Registry:
         return cls(only=raw.split(",") if raw else None)
 
     def _selected(self, ep: md.EntryPoint) -> bool:
-        return self._only is None or ep.name in self._only
+        """MOONCAKE_PLUGINS restricts only the groups it names a plugin of: `tcp,shm` picks
+        transports and leaves tiers alone."""
+        if self._only is None:
+            return True
+        in_group = {e.name for e in self._eps if e.group == ep.group}
+        return ep.name in self._only or not (in_group & self._only)
 
     def _load(self, ep: md.EntryPoint) -> tuple[Any, str]:
         key = (ep.group, ep.name)

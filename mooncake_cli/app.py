@@ -1,0 +1,105 @@
+"""The root `mooncake` command: global options, subcommand groups, one error -> exit-code map."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from typing import Any
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from mooncake_cli import __version__
+from mooncake_cli.interfaces import (ConfigError, MetadataError, MooncakeError, PluginError,
+                                     TransferError)
+from mooncake_cli.output import Out
+
+EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (ConfigError, 2),
+    (PluginError, 3),
+    (MetadataError, 4),
+    (TransferError, 5),
+    (MooncakeError, 1),
+    (OSError, 6),
+]
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def exit_code(exc: BaseException) -> int:
+    for kind, code in EXIT_CODES:
+        if isinstance(exc, kind):
+            return code
+    return 70
+
+
+class MooncakeGroup(TyperGroup):
+    """Turns every library error into one line on stderr and its exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        except Exception as e:
+            out = ctx.obj if isinstance(ctx.obj, Out) else Out()
+            if out.log_level == "debug":
+                out.err.print(traceback.format_exc(), markup=False)
+            code = exit_code(e)
+            what = "error" if code != 70 else "internal error"
+            msg = str(e) or type(e).__name__
+            if isinstance(e, OSError) and e.strerror:
+                msg = f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
+            hint = "" if code != 70 or out.log_level == "debug" else \
+                " (run with --log-level debug for the traceback)"
+            out.err.print(f"[red]{what}:[/red] {msg}{hint}", markup=True, soft_wrap=True)
+            raise typer.Exit(code) from None
+
+
+app = typer.Typer(cls=MooncakeGroup, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False, rich_markup_mode=None,
+                  help="Mooncake KVCache-centric serving: transfer engine, plugins and benchmarks.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mooncake-cli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    config: str = typer.Option(None, "--config", metavar="FILE",
+                               help="TOML file with one table per role ([transfer], [bench])."),
+    json_: bool = typer.Option(False, "--json", help="Machine-readable JSON output."),
+    log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL",
+                                  help="debug, info, warning or error (debug shows tracebacks)."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Mooncake KVCache-centric serving in one command."""
+    if log_level.lower() not in LOG_LEVELS:
+        raise click.BadParameter(f"use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    out = Out(json=json_, config_file=config, log_level=log_level.lower())
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.obj = out
+
+
+def _register() -> None:
+    from mooncake_cli.commands import bench, plugins, transfer
+
+    app.command("plugins")(plugins.plugins)
+    app.add_typer(transfer.app, name="transfer")
+    app.add_typer(bench.app, name="bench")
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    app(args=argv, prog_name="mooncake")

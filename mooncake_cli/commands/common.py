@@ -1,0 +1,41 @@
+"""Options and helpers shared by the commands that start a transfer engine."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import typer
+
+from mooncake_cli.config import TransferConfig, load
+from mooncake_cli.output import Out
+
+HOST = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1].")
+PORT = typer.Option(None, "--port", help="Listen port [default: 0, any free port].")
+ADVERTISE = typer.Option(None, "--advertise", help="Address peers use to reach this engine.")
+NAME = typer.Option(None, "--name", help="Segment name [default: HOST:PORT].")
+METADATA = typer.Option(None, "--metadata",
+                        help="p2p (default), http://HOST:PORT/metadata or etcd://HOST:PORT[,...].")
+TRANSPORT = typer.Option(None, "--transport", help="auto (default), tcp, shm or another plugin.")
+SECRET = typer.Option(None, "--secret", envvar="MOONCAKE_SECRET", show_envvar=True,
+                      help="Shared secret every connection must prove (HMAC challenge).")
+CONNECTIONS = typer.Option(None, "--connections", help="Connections per peer [default: 4].")
+TIMEOUT = typer.Option(None, "--timeout", help="Seconds per socket operation [default: 10].")
+
+
+def transfer_config(out: Out, **flags: Any) -> TransferConfig:
+    return load(TransferConfig, "transfer", out.config_file, **flags)
+
+
+def wait_for_signal() -> None:
+    """Block until Ctrl-C or SIGTERM."""
+    stop = threading.Event()
+    old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)

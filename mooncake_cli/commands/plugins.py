@@ -1,0 +1,27 @@
+"""`mooncake plugins`: every plugin, its package and version, and why it is off."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import typer
+from rich.console import Console
+
+from mooncake_cli.output import Out, table
+from mooncake_cli.registry import Registry
+
+
+def plugins(ctx: typer.Context,
+            group: str = typer.Option(None, "--group", help="Only this entry-point group.")) -> None:
+    """List transport and tier plugins: group, name, package, version, available or why not."""
+    out: Out = ctx.obj
+    infos = Registry.from_env().plugins(group)
+    data = [{k: v for k, v in asdict(p).items()} for p in infos]
+
+    def human(c: Console) -> None:
+        rows = [(p.group, p.name, p.package, p.version,
+                 "[green]yes[/green]" if p.available else f"[red]no[/red]: {p.reason}")
+                for p in infos]
+        c.print(table(None, ["group", "name", "package", "version", "available"], rows))
+
+    out.emit(data, human)

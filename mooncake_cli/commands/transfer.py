@@ -1,0 +1,138 @@
+"""`mooncake transfer`: serve a segment, run a metadata server, write and read peer memory."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import typer
+
+from mooncake_cli.commands import common as c
+from mooncake_cli.config import human_size, parse_size
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.output import Out
+from mooncake_cli.registry import Registry
+from mooncake_cli.transfer.batch import Op
+from mooncake_cli.transfer.engine import TransferEngine
+
+app = typer.Typer(no_args_is_help=True, help="Run transfer targets and move bytes between them.")
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    buffer_size: str = typer.Option("256MiB", "--buffer-size", help="Bytes to register."),
+    host: str = c.HOST, port: int = c.PORT, advertise: str = c.ADVERTISE, name: str = c.NAME,
+    metadata: str = c.METADATA, transport: str = c.TRANSPORT, secret: str = c.SECRET,
+) -> None:
+    """Register a zeroed buffer as a segment and serve it until Ctrl-C."""
+    out: Out = ctx.obj
+    cfg = c.transfer_config(out, host=host, port=port, advertise=advertise, name=name,
+                            metadata=metadata, transport=transport, secret=secret)
+    size = parse_size(buffer_size)
+    with TransferEngine(cfg, Registry.from_env()) as engine:
+        region = engine.allocate(size)
+        info = {"event": "ready", "segment": engine.name, "address": engine.address,
+                "metadata": cfg.metadata, "offset": region.base, "size": size,
+                "auth": bool(cfg.secret)}
+        out.event(info, f"serving segment [bold]{engine.name}[/bold] "
+                        f"({human_size(size)} at offset {region.base}, metadata {cfg.metadata}"
+                        f"{', secret required' if cfg.secret else ''})\n"
+                        f"  write: mooncake transfer write --target {engine.name} FILE\n"
+                        f"  bench: mooncake bench transfer --mode initiator "
+                        f"--target {engine.name}\n"
+                        "Ctrl-C to stop.")
+        c.wait_for_signal()
+    out.event({"event": "stopped", "segment": engine.name}, "stopped; segment withdrawn")
+
+
+@app.command("metadata-server")
+def metadata_server(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
+    port: int = typer.Option(8080, "--port", help="Listen port (0 for any free port)."),
+    path: str = typer.Option("/metadata", "--path", help="URL path of the key/value API."),
+) -> None:
+    """Serve segment descriptors over HTTP: GET/PUT/DELETE ?key=K (upstream's contract)."""
+    from mooncake_cli.transfer.metadata_http import MetadataServer
+
+    out: Out = ctx.obj
+    server = MetadataServer(host, port, path).start()
+    out.event({"event": "ready", "url": server.url},
+              f"metadata server at [bold]{server.url}[/bold] — use --metadata {server.url}\n"
+              "Ctrl-C to stop.")
+    try:
+        c.wait_for_signal()
+    finally:
+        server.close()
+
+
+def _client(out: Out, metadata: str | None, transport: str | None, secret: str | None,
+            connections: int | None, timeout: float | None) -> TransferEngine:
+    cfg = c.transfer_config(out, metadata=metadata, transport=transport, secret=secret,
+                            connections=connections, timeout=timeout)
+    return TransferEngine(cfg, Registry.from_env())
+
+
+@app.command()
+def write(
+    ctx: typer.Context,
+    file: str = typer.Argument(..., help="File to send, or - for stdin."),
+    target: str = typer.Option(..., "--target", help="Segment name of the target."),
+    offset: int = typer.Option(0, "--offset", help="Offset in the target segment."),
+    metadata: str = c.METADATA, transport: str = c.TRANSPORT, secret: str = c.SECRET,
+    connections: int = c.CONNECTIONS, timeout: float = c.TIMEOUT,
+) -> None:
+    """Write a file's bytes into a peer segment."""
+    out: Out = ctx.obj
+    try:
+        data = sys.stdin.buffer.read() if file == "-" else open(file, "rb").read()
+    except OSError as e:
+        raise ConfigError(f"cannot read {file}: {e.strerror}") from e
+    with _client(out, metadata, transport, secret, connections, timeout) as engine:
+        region = engine.register(bytearray(data))
+        t0 = time.perf_counter()
+        engine.transfer(Op.WRITE, region, 0, target, offset, len(data))
+        dt = time.perf_counter() - t0
+        via = engine.transport_for(target)
+    out.event({"event": "written", "target": target, "offset": offset, "bytes": len(data),
+               "seconds": dt, "transport": via},
+              f"wrote {len(data)} bytes to {target} at offset {offset} over {via} "
+              f"in {dt * 1e3:.2f} ms")
+
+
+@app.command()
+def read(
+    ctx: typer.Context,
+    target: str = typer.Option(..., "--target", help="Segment name of the target."),
+    length: str = typer.Option(..., "--length", help="Bytes to read (e.g. 4096, 1MiB)."),
+    offset: int = typer.Option(0, "--offset", help="Offset in the target segment."),
+    output: str = typer.Option(..., "-o", "--output", help="File to write, or - for stdout."),
+    metadata: str = c.METADATA, transport: str = c.TRANSPORT, secret: str = c.SECRET,
+    connections: int = c.CONNECTIONS, timeout: float = c.TIMEOUT,
+) -> None:
+    """Read bytes from a peer segment into a file."""
+    out: Out = ctx.obj
+    n = parse_size(length)
+    if output == "-" and out.json:
+        raise ConfigError("--json and -o - both want stdout: give -o a file")
+    with _client(out, metadata, transport, secret, connections, timeout) as engine:
+        buf = bytearray(n)
+        region = engine.register(buf)
+        t0 = time.perf_counter()
+        engine.transfer(Op.READ, region, 0, target, offset, n)
+        dt = time.perf_counter() - t0
+        via = engine.transport_for(target)
+    if output == "-":
+        sys.stdout.buffer.write(buf)
+        sys.stdout.flush()
+        return
+    try:
+        with open(output, "wb") as fh:
+            fh.write(buf)
+    except OSError as e:
+        raise ConfigError(f"cannot write {output}: {e.strerror}") from e
+    out.event({"event": "read", "target": target, "offset": offset, "bytes": n, "seconds": dt,
+               "transport": via, "output": output},
+              f"read {n} bytes from {target} at offset {offset} over {via} into {output} "
+              f"in {dt * 1e3:.2f} ms")

@@ -1,0 +1,49 @@
+"""One renderer for every command: rich tables for people, `--json` for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class Out:
+    """What the root callback hands every command: global options and the consoles."""
+
+    json: bool = False
+    config_file: str | None = None
+    log_level: str = "warning"
+    console: Console = field(default_factory=lambda: Console(highlight=False))
+    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+
+    def emit(self, data: Any, human: Callable[[Console], None] | None = None) -> None:
+        """Print `data` as JSON with --json, else call `human` (or pretty-print the data)."""
+        if self.json or human is None:
+            sys.stdout.write(json.dumps(data, indent=None if self.json else 2, default=str)
+                             + "\n")
+            sys.stdout.flush()
+        else:
+            human(self.console)
+
+    def event(self, data: dict[str, Any], text: str) -> None:
+        """A line of progress: one JSON object per line with --json, else `text`."""
+        if self.json:
+            sys.stdout.write(json.dumps(data, default=str) + "\n")
+            sys.stdout.flush()
+        else:
+            self.console.print(text)
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    return t
