@@ -7,14 +7,28 @@ import sys
 import traceback
 from typing import Any
 
-import click
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from mooncake_cli import __version__
-from mooncake_cli.interfaces import (ConfigError, MetadataError, MooncakeError, PluginError,
-                                     TransferError)
+from mooncake_cli.config import read_toml
+from mooncake_cli.interfaces import (
+    ConfigError,
+    MetadataError,
+    MooncakeError,
+    PluginError,
+    TransferError,
+)
 from mooncake_cli.output import Out
+
+try:  # typer >= 0.24 vendors click: its exceptions no longer derive from click's
+    from typer.exceptions import TyperException as _ClickBase
+except ImportError:  # pragma: no cover - older typer re-exports click's
+    from click import ClickException as _ClickBase  # type: ignore[assignment]
+
+# Click's own control flow (help, usage errors, Ctrl-C abort): typer reports these itself.
+_CLICK_SIGNALS: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort, _ClickBase)
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (ConfigError, 2),
@@ -37,10 +51,10 @@ def exit_code(exc: BaseException) -> int:
 class MooncakeGroup(TyperGroup):
     """Turns every library error into one line on stderr and its exit code."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # a click Context (typer vendors click >= 0.24)
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        except _CLICK_SIGNALS:
             raise
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
@@ -55,7 +69,7 @@ class MooncakeGroup(TyperGroup):
                 msg = f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
             hint = "" if code != 70 or out.log_level == "debug" else \
                 " (run with --log-level debug for the traceback)"
-            out.err.print(f"[red]{what}:[/red] {msg}{hint}", markup=True, soft_wrap=True)
+            out.err.print(f"[red]{what}:[/red] {escape(msg)}{hint}", markup=True, soft_wrap=True)
             raise typer.Exit(code) from None
 
 
@@ -83,11 +97,13 @@ def root(
 ) -> None:
     """Mooncake KVCache-centric serving in one command."""
     if log_level.lower() not in LOG_LEVELS:
-        raise click.BadParameter(f"use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+        raise typer.BadParameter(f"use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     out = Out(json=json_, config_file=config, log_level=log_level.lower())
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx.obj = out
+    if config:
+        read_toml(config)  # a missing or malformed file fails every command up front
 
 
 def _register() -> None:

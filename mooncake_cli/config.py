@@ -85,7 +85,10 @@ def _coerce(cls: type, f: dataclasses.Field[Any], value: Any, source: str) -> An
     kind = get_type_hints(cls)[f.name]
     try:
         if f.metadata.get("size"):
-            return parse_size(value)
+            try:
+                return parse_size(value)
+            except ConfigError as e:  # say where the bad size came from and what it sets
+                raise ConfigError(f"{source}: bad value {value!r} for {f.name}: {e}") from e
         if kind is bool and isinstance(value, str):
             if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ValueError(value)

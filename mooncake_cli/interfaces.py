@@ -82,7 +82,7 @@ class Channel(Protocol):
         """Fill `dst` from the peer's segment at `remote_offset`; raise TransferError on failure."""
 
     def write(self, remote_offset: int, src: memoryview) -> None:
-        """Write `src` into the peer's segment at `remote_offset`; raise TransferError on failure."""
+        """Write `src` to the peer's segment at `remote_offset`; raise TransferError on failure."""
 
     def close(self) -> None: ...
 
@@ -93,12 +93,14 @@ class Transport(Protocol):
 
     name: str
     priority: int  # higher wins when several transports can reach a peer
+    inline_bytes: int  # batches up to this size run in the submitting thread (no hand-off)
+    max_slices: int  # at most this many parallel slices per request (1: never cut)
 
     def available(self) -> tuple[bool, str]:
         """(True, "") when usable on this machine, else (False, why not)."""
 
     def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> bool:
-        """Whether this transport can reach `peer` from the engine described by `local`."""
+        """Whether this transport reaches `peer` from the engine described by `local`."""
 
     def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> Channel:
         """Open a channel; raise TransferError when the peer cannot be reached or refuses."""

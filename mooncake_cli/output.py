@@ -37,7 +37,7 @@ class Out:
             sys.stdout.write(json.dumps(data, default=str) + "\n")
             sys.stdout.flush()
         else:
-            self.console.print(text)
+            self.console.print(text, soft_wrap=True)  # one event, one line: greppable
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:

@@ -44,7 +44,7 @@ class DramBuffer:
 
 def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink shared buffers left behind by mooncake processes that no longer exist."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(shm_dir)
     except OSError:

@@ -13,6 +13,8 @@ from mooncake_cli.transfer.client import TargetClient
 class TcpTransport:
     name = "tcp"
     priority = 10
+    inline_bytes = 64 << 10  # above this, worker threads overlap the socket round trips
+    max_slices = 64
 
     def available(self) -> tuple[bool, str]:
         return True, ""

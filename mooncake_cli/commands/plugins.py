@@ -6,13 +6,16 @@ from dataclasses import asdict
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from mooncake_cli.output import Out, table
 from mooncake_cli.registry import Registry
 
 
-def plugins(ctx: typer.Context,
-            group: str = typer.Option(None, "--group", help="Only this entry-point group.")) -> None:
+def plugins(
+    ctx: typer.Context,
+    group: str = typer.Option(None, "--group", help="Only this entry-point group."),
+) -> None:
     """List transport and tier plugins: group, name, package, version, available or why not."""
     out: Out = ctx.obj
     infos = Registry.from_env().plugins(group)
@@ -20,7 +23,7 @@ def plugins(ctx: typer.Context,
 
     def human(c: Console) -> None:
         rows = [(p.group, p.name, p.package, p.version,
-                 "[green]yes[/green]" if p.available else f"[red]no[/red]: {p.reason}")
+                 "[green]yes[/green]" if p.available else f"[red]no[/red]: {escape(p.reason)}")
                 for p in infos]
         c.print(table(None, ["group", "name", "package", "version", "available"], rows))
 

@@ -6,6 +6,7 @@ import sys
 import time
 
 import typer
+from rich.markup import escape
 
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, parse_size
@@ -35,12 +36,16 @@ def serve(
         info = {"event": "ready", "segment": engine.name, "address": engine.address,
                 "metadata": cfg.metadata, "offset": region.base, "size": size,
                 "auth": bool(cfg.secret)}
-        out.event(info, f"serving segment [bold]{engine.name}[/bold] "
-                        f"({human_size(size)} at offset {region.base}, metadata {cfg.metadata}"
+        # peers need --metadata too unless it is the p2p default, or the hints fail as shown
+        reach = escape(f"--target {engine.name}" + (
+            "" if cfg.metadata.strip().lower() in ("p2p", "p2phandshake", "")
+            else f" --metadata {cfg.metadata}"))
+        out.event(info, f"serving segment [bold]{escape(engine.name)}[/bold] "
+                        f"({human_size(size)} at offset {region.base}, "
+                        f"metadata {escape(cfg.metadata)}"
                         f"{', secret required' if cfg.secret else ''})\n"
-                        f"  write: mooncake transfer write --target {engine.name} FILE\n"
-                        f"  bench: mooncake bench transfer --mode initiator "
-                        f"--target {engine.name}\n"
+                        f"  write: mooncake transfer write {reach} FILE\n"
+                        f"  bench: mooncake bench transfer --mode initiator {reach}\n"
                         "Ctrl-C to stop.")
         c.wait_for_signal()
     out.event({"event": "stopped", "segment": engine.name}, "stopped; segment withdrawn")
@@ -97,7 +102,7 @@ def write(
         via = engine.transport_for(target)
     out.event({"event": "written", "target": target, "offset": offset, "bytes": len(data),
                "seconds": dt, "transport": via},
-              f"wrote {len(data)} bytes to {target} at offset {offset} over {via} "
+              f"wrote {len(data)} bytes to {escape(target)} at offset {offset} over {via} "
               f"in {dt * 1e3:.2f} ms")
 
 
@@ -134,5 +139,5 @@ def read(
         raise ConfigError(f"cannot write {output}: {e.strerror}") from e
     out.event({"event": "read", "target": target, "offset": offset, "bytes": n, "seconds": dt,
                "transport": via, "output": output},
-              f"read {n} bytes from {target} at offset {offset} over {via} into {output} "
-              f"in {dt * 1e3:.2f} ms")
+              f"read {n} bytes from {escape(target)} at offset {offset} over {via} "
+              f"into {escape(output)} in {dt * 1e3:.2f} ms")

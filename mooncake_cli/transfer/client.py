@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer import wire
@@ -56,7 +57,7 @@ class TargetClient:
             raise TransferError(f"{self.peer}: {_ERRORS.get(status, status)}: {msg}")
         return length
 
-    def _io(self, fn, *args):  # type: ignore[no-untyped-def]
+    def _io(self, fn: Any, *args: Any) -> Any:
         if self.broken:
             raise TransferError(f"connection to {self.peer} is broken")
         try:
@@ -87,7 +88,7 @@ class TargetClient:
         self._response()
 
     def describe(self) -> bytes:
-        return self._io(self._describe)  # type: ignore[no-any-return]
+        return self._io(self._describe)
 
     def _describe(self) -> bytes:
         self._rid = (self._rid + 1) & 0xFFFFFFFF

@@ -16,8 +16,13 @@ import threading
 from typing import Any
 
 from mooncake_cli.config import TransferConfig
-from mooncake_cli.interfaces import (ConfigError, MooncakeError, SegmentDescriptor, Transport,
-                                     TransferError)
+from mooncake_cli.interfaces import (
+    ConfigError,
+    MooncakeError,
+    SegmentDescriptor,
+    TransferError,
+    Transport,
+)
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Batch, Op, Status, TransferRequest
 from mooncake_cli.transfer.hostinfo import boot_id, hostname
@@ -29,7 +34,7 @@ from mooncake_cli.transfer.server import TargetServer
 log = logging.getLogger("mooncake.transfer")
 
 MIN_SLICE = 256 << 10
-INLINE_BYTES = 64 << 10  # batches this small run in the caller's thread: no hand-off latency
+MAX_OFFSET = 1 << 64  # offsets travel as u64: a range past this is outside every segment
 
 
 def cut(length: int, parallel: int, max_slice: int) -> list[tuple[int, int]]:
@@ -160,29 +165,64 @@ class TransferEngine:
             raise TransferError("engine is closed")
         batch = Batch(list(requests))
         work: list[tuple[Any, ...]] = []
+        fresh: dict[str, SegmentDescriptor] = {}
+        inline = 1 << 62  # the batch runs in this thread if it fits every peer's inline budget
         for i, r in enumerate(batch.requests):
-            if r.length < 0 or r.local_offset < 0 or r.target_offset < 0 or \
+            if r.length < 0 or r.local_offset < 0 or \
                     r.local_offset + r.length > r.local.length:
                 batch.fail(i, f"local out of bounds: [{r.local_offset}, "
                               f"{r.local_offset + r.length}) of a {r.local.length}-byte region")
+                continue
+            if r.target_offset < 0 or r.target_offset + r.length > MAX_OFFSET:
+                batch.fail(i, f"target out of bounds: [{r.target_offset}, "
+                              f"{r.target_offset + r.length}) is outside any segment")
                 continue
             try:
                 peer = self._peer(r.target)
             except MooncakeError as e:
                 batch.fail(i, str(e))
                 continue
-            parts = cut(r.length, self.config.connections, self.config.slice_size)
+            refused = self._check_remote(peer, r, fresh)
+            if refused:  # refuse it whole: no in-bounds slice of it may move
+                batch.fail(i, refused)
+                continue
+            inline = min(inline, peer.inline_bytes)
+            parts = cut(r.length, min(self.config.connections, peer.max_slices),
+                        self.config.slice_size if peer.max_slices > 1 else max(r.length, 1))
             batch.expect(i, len(parts))
             view = r.local.view[r.local_offset:r.local_offset + r.length]
             for off, n in parts:
                 work.append((batch, i, peer, r.op, view[off:off + n], r.target_offset + off))
-        if sum(len(w[4]) for w in work) <= INLINE_BYTES:
+        if sum(len(w[4]) for w in work) <= inline:
             for w in work:
                 self._run(*w)
         else:
             for w in work:
                 self._queue.put(w)
         return batch
+
+    def _check_remote(self, peer: Peer, r: TransferRequest,
+                      fresh: dict[str, SegmentDescriptor]) -> str | None:
+        """Why `r`'s target range is not inside one region of the peer, or None when it is.
+        A miss is checked again against a fresh descriptor (the peer may have registered more
+        memory since we looked), once per target per batch."""
+        if peer.desc.region_for(r.target_offset, r.length) is not None:
+            return None
+        if r.target not in fresh:
+            try:
+                fresh[r.target] = (self.descriptor() if r.target == self.name
+                                   else self.metadata.lookup(r.target))
+            except MooncakeError as e:
+                return str(e)
+        if fresh[r.target].region_for(r.target_offset, r.length) is None:
+            return (f"{r.target}: out of bounds: [{r.target_offset}, "
+                    f"{r.target_offset + r.length}) is not inside one registered region")
+        new, old = fresh[r.target], peer.desc
+        if (new.host, new.port, new.pid) == (old.host, old.port, old.pid):
+            peer.desc = new  # same process, more memory: keep its open connections
+        else:
+            peer.stale = True  # another process now: the next batch connects afresh
+        return None
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -191,7 +231,7 @@ class TransferEngine:
     def _run(self, batch: Batch, index: int, peer: Peer, op: Op, view: memoryview,
              remote: int) -> None:
         error = None
-        for attempt in (0, 1):
+        for _attempt in (0, 1):
             try:
                 ch = peer.acquire()
             except TransferError as e:
@@ -202,6 +242,8 @@ class TransferEngine:
                 error = None
             except TransferError as e:
                 error = str(e)
+            except Exception as e:  # a worker must survive, and the slice must end, whatever
+                error = f"{type(e).__name__}: {e}"
             finally:
                 peer.release(ch)  # type: ignore[arg-type]
             if error is None or not getattr(ch, "broken", False):

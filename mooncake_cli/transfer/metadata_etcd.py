@@ -27,7 +27,7 @@ class EtcdMetadata:
     def _each(self, what: str, fn: Any) -> Any:
         """Run `fn(client)` on the first endpoint that answers."""
         errors = []
-        for (host, port), client in zip(self._endpoints, self._clients):
+        for (host, port), client in zip(self._endpoints, self._clients, strict=True):
             try:
                 return fn(client)
             except Exception as e:  # etcd3gw raises requests' and its own errors

@@ -35,7 +35,7 @@ class HttpMetadata:
                                      method=method)
         try:
             with urllib.request.urlopen(req, timeout=self._timeout) as resp:
-                return resp.read()  # type: ignore[no-any-return]
+                return resp.read()
         except urllib.error.HTTPError as e:
             if e.code == 404:
                 return None
@@ -50,8 +50,10 @@ class HttpMetadata:
         old = self._keepers.pop(desc.name, None)
         if old:
             old.stop()
-        self._keepers[desc.name] = Keeper(self._ttl / 3, lambda: self._call(
-            "PUT", key, body, self._ttl), f"mooncake-http-ttl-{desc.name}")
+        def refresh() -> None:
+            self._call("PUT", key, body, self._ttl)
+
+        self._keepers[desc.name] = Keeper(self._ttl / 3, refresh, f"mooncake-http-ttl-{desc.name}")
 
     def lookup(self, name: str) -> SegmentDescriptor:
         raw = self._call("GET", KEY_PREFIX + name)
@@ -95,17 +97,6 @@ class MetadataStore:
     def delete(self, key: str) -> bool:
         with self._lock:
             return self._data.pop(key, None) is not None
-
-    def keys(self) -> list[str]:
-        with self._lock:
-            return [k for k in list(self._data) if self.get_unlocked(k) is not None]
-
-    def get_unlocked(self, key: str) -> bytes | None:
-        item = self._data.get(key)
-        if item and item[1] is not None and item[1] < time.monotonic():
-            del self._data[key]
-            return None
-        return item[0] if item else None
 
 
 def _handler(store: MetadataStore, path: str) -> type[BaseHTTPRequestHandler]:
@@ -172,7 +163,7 @@ class MetadataServer:
         self.store = MetadataStore()
         self._httpd = ThreadingHTTPServer((host, port), _handler(self.store, path.rstrip("/")))
         self._httpd.daemon_threads = True
-        self.host, self.port = self._httpd.server_address[:2]
+        self.host, self.port = str(host), int(self._httpd.server_address[1])
         self.url = f"http://{self.host}:{self.port}{path}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         name="mooncake-metadata-http")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from mooncake_cli.interfaces import Channel, SegmentDescriptor, Transport, TransferError
+from mooncake_cli.interfaces import Channel, SegmentDescriptor, TransferError, Transport
 from mooncake_cli.transfer.segment import Segment
 
 
@@ -32,6 +32,9 @@ class Peer:
                  timeout: float, limit: int, local: Segment | None = None) -> None:
         self.desc, self.transport = desc, transport
         self.name = transport.name if transport else "local"
+        self.inline_bytes: int = getattr(transport, "inline_bytes", 64 << 10) if transport \
+            else 1 << 62
+        self.max_slices: int = max(1, getattr(transport, "max_slices", 64)) if transport else 1
         self._secret, self._timeout, self._limit = secret, timeout, limit
         self._local = local
         self.stale = False  # set after a failure: the engine looks the peer up again

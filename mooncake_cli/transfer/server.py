@@ -83,7 +83,8 @@ class TargetServer:
                 return
             op, _flags, _r, rid, off, length = wire.REQUEST.unpack(hdr)
             if op not in wire.OPS or length > wire.MAX_REQUEST:
-                self._error(conn, rid, wire.E_BADOP, f"malformed request (op {op}, length {length})")
+                self._error(conn, rid, wire.E_BADOP,
+                            f"malformed request (op {op}, length {length})")
                 return
             if op == wire.OP_READ:
                 try:

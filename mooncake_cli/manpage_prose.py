@@ -1,0 +1,128 @@
+"""Hand-written prose of the man pages that python -m mooncake_cli.manpage generates.
+
+The generator takes synopses, options, help texts and defaults from the CLI itself; this file
+adds what the CLI cannot say: descriptions, examples, and the words for exit codes and config
+fields. Examples are checked against the command tree when the pages are generated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Hand-written prose, keyed by top-level command ("" is the root page). Examples are
+# (what it does, command line); the command line is checked against the tree.
+PROSE: dict[str, dict[str, Any]] = {
+    "": {
+        "description": [
+            "mooncake runs every role of the Mooncake KVCache-centric serving architecture "
+            "(FAST'25) from one command: a batch transfer engine that moves bytes between the "
+            "registered memory of processes over pluggable transports, and the benchmarks "
+            "that measure it. A laptop runs everything on loopback; a cluster runs the same "
+            "commands on many hosts.",
+            "Global options go before the command name. Every command accepts --help. "
+            "Settings come from, in increasing precedence: built-in defaults, the TOML file "
+            "given with --config, MOONCAKE_* environment variables, and command-line flags.",
+            "With --json every command prints JSON instead of tables: one object per result, "
+            "or one object per line for progress events of long-running commands.",
+        ],
+        "examples": [
+            ("Serve a 1 GiB segment; it prints its name HOST:PORT and how to reach it:",
+             "mooncake transfer serve --buffer-size 1GiB"),
+            ("From another shell, write a file into it and read the bytes back:",
+             "mooncake transfer write --target 127.0.0.1:PORT file"),
+            (None, "mooncake transfer read --target 127.0.0.1:PORT --length 4KiB -o copy"),
+            ("Measure loopback bandwidth and latency in one command:",
+             "mooncake bench transfer --mode local --transport tcp --block-size 1MiB"),
+            ("List the transport and tier plugins and why any is unavailable:",
+             "mooncake plugins"),
+        ],
+    },
+    "transfer": {
+        "description": [
+            "A segment is the named set of buffers one transfer engine registers; peers read "
+            "and write it at an offset. serve registers a zeroed buffer and serves it until "
+            "Ctrl-C or SIGTERM; write and read move a file's bytes into or out of a peer "
+            "segment.",
+            "Peers find a segment's descriptor through the metadata service named by "
+            "--metadata: p2p (the default: the segment name is HOST:PORT and the initiator asks "
+            "the target directly), an HTTP server started with metadata-server (segments may "
+            "then have any name), or etcd. The target checks every request against its "
+            "registered regions and refuses anything out of bounds. With --secret (or "
+            "MOONCAKE_SECRET) every connection must prove the shared secret first. Listeners "
+            "bind to 127.0.0.1 unless --host says otherwise.",
+            "The transport is picked per peer: shm (shared memory) for a peer on the same "
+            "host, tcp otherwise; --transport forces one.",
+        ],
+        "examples": [
+            ("Serve a 1 GiB segment on loopback:",
+             "mooncake transfer serve --buffer-size 1GiB"),
+            ("Write a file at offset 0 of that segment, then read 4 KiB back to stdout:",
+             "mooncake transfer write --target 127.0.0.1:PORT file"),
+            (None, "mooncake transfer read --target 127.0.0.1:PORT --length 4KiB -o -"),
+            ("Name segments through a metadata server:",
+             "mooncake transfer metadata-server --port 8080"),
+            (None, "mooncake transfer serve --metadata http://127.0.0.1:8080/metadata "
+                   "--name foo"),
+            (None, "mooncake transfer write --metadata http://127.0.0.1:8080/metadata "
+                   "--target foo file"),
+            ("Require a shared secret:",
+             "MOONCAKE_SECRET=s3cret mooncake transfer serve --buffer-size 64MiB"),
+        ],
+    },
+    "bench": {
+        "description": [
+            "Benchmarks measure each layer against its peer or physical limit and report "
+            "the results side by side with ratios, as a table or with --json.",
+        ],
+        "examples": [
+            ("Loopback over tcp with 1 MiB blocks, target in a child process:",
+             "mooncake bench transfer --mode local --transport tcp --block-size 1MiB"),
+            ("Against a target served elsewhere:",
+             "mooncake bench transfer --mode initiator --target 127.0.0.1:PORT"),
+        ],
+    },
+    "plugins": {
+        "description": [
+            "Transports (entry-point group mooncake.transports) and memory tiers "
+            "(mooncake.tiers) are plugins; the built-ins register through the same entry "
+            "points as third-party packages. A plugin that fails to import is listed with its "
+            "package and error, and every other plugin keeps working.",
+            "MOONCAKE_PLUGINS=tcp,shm restricts which plugins load, in the groups it names a "
+            "plugin of; the others are listed as disabled.",
+        ],
+        "examples": [
+            ("Everything, then only transports, as JSON:", "mooncake plugins"),
+            (None, "mooncake --json plugins --group mooncake.transports"),
+            ("Load only the tcp transport:", "MOONCAKE_PLUGINS=tcp mooncake plugins"),
+        ],
+    },
+}
+
+EXIT_PROSE = {
+    "ConfigError": "a user mistake: bad flag value, config file or environment variable "
+                   "(command-line usage errors exit 2 as well)",
+    "PluginError": "a plugin is unknown, disabled by MOONCAKE_PLUGINS, broken or unavailable",
+    "MetadataError": "the metadata service failed: a segment descriptor could not be published "
+                     "or looked up (for example the metadata server is unreachable)",
+    "TransferError": "a transfer failed: target segment not found or unreachable, secret "
+                     "refused, out of bounds, peer died, timeout",
+    "MooncakeError": "any other Mooncake error",
+    "OSError": "an operating-system error (file, socket, shared memory)",
+}
+METAVARS = {"buffer_size": "SIZE", "length": "SIZE", "block_size": "SIZE", "metadata": "URL",
+            "target": "SEGMENT", "name": "SEGMENT", "host": "ADDR", "advertise": "ADDR",
+            "port": "PORT", "secret": "SECRET", "timeout": "SECONDS", "duration": "SECONDS",
+            "output": "FILE", "file": "FILE", "group": "GROUP", "path": "PATH",
+            "offset": "BYTES", "connections": "N", "threads": "N", "batch_size": "N",
+            "sweep": "SIZES"}
+# Config fields whose source comment does not read well on its own (others use the comment).
+FIELD_PROSE = {
+    "port": "listen port; 0 picks a free port",
+    "metadata": "where segment descriptors live: p2p, http://HOST:PORT/metadata or "
+                "etcd://HOST:PORT[,HOST:PORT]",
+    "transport": "auto picks the best reachable transport per peer; or tcp, shm, another plugin",
+    "secret": "shared secret every connection must prove (HMAC challenge); empty for none",
+    "connections": "connections per peer",
+    "workers": "threads that execute transfer requests",
+    "metadata_ttl": "seconds a segment descriptor lives after its engine stops renewing it",
+}

@@ -1,0 +1,258 @@
+"""Shared fixtures: a real etcd, transfer targets in real separate processes, an HTTP metadata
+server, and a few helpers (wait-for-condition, free ports, child environments)."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+READY_TIMEOUT = 30.0  # seconds a child gets to print its ready line (2 slow cores, cold caches)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.02,
+             what: str = "condition") -> object:
+    """Poll `cond` until it returns something truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any MOONCAKE_* setting that could leak in, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def remove_shm_of(pid: int) -> None:
+    """Unlink the /dev/shm buffers a killed target left behind (it could not clean up)."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(f"mooncake-{pid}-"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
+# -- etcd -------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real single-member etcd on free loopback ports; yields "etcd://127.0.0.1:PORT"."""
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.skip("the `etcd` binary is not on PATH: install etcd-server (Debian) to run the "
+                    "etcd metadata tests")
+    data = tmp_path_factory.mktemp("etcd")
+    log = open(data / "etcd.log", "wb")  # noqa: SIM115 - closed on teardown
+    for _attempt in range(3):  # a free port can be taken between probing and binding
+        client, peer = free_port(), free_port()
+        curl, purl = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+        proc = subprocess.Popen(
+            [binary, "--name", "mooncake-test", "--data-dir", str(data / f"data-{client}"),
+             "--listen-client-urls", curl, "--advertise-client-urls", curl,
+             "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+             "--initial-cluster", f"mooncake-test={purl}",
+             "--initial-cluster-state", "new", "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        healthy = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"{curl}/health", timeout=1) as resp:
+                    healthy = json.loads(resp.read()).get("health") == "true"
+            except OSError:
+                pass
+            if healthy:
+                break
+            time.sleep(0.05)
+        if healthy:
+            break
+        proc.kill()
+        proc.wait()
+    else:
+        log.close()
+        pytest.fail(f"etcd did not start: see {data / 'etcd.log'}:\n"
+                    f"{(data / 'etcd.log').read_text(errors='replace')[-2000:]}")
+    try:
+        yield f"etcd://127.0.0.1:{client}"
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+
+
+# -- HTTP metadata server ---------------------------------------------------------------------
+@pytest.fixture
+def metadata_server() -> Iterator[object]:
+    """An in-process MetadataServer on a free loopback port; `.url` is its metadata URL."""
+    from mooncake_cli.transfer.metadata_http import MetadataServer
+
+    server = MetadataServer("127.0.0.1", 0).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+# -- transfer targets in separate processes ---------------------------------------------------
+@dataclass
+class Target:
+    """A `mooncake transfer serve` child process and what its ready line said."""
+
+    proc: subprocess.Popen[bytes]
+    segment: str
+    address: str
+    offset: int
+    size: int
+    ready: dict[str, object] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[object]:
+        """Unpacks as (segment name, process)."""
+        return iter((self.segment, self.proc))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL and reap (a zombie still answers kill(pid, 0)), then drop its shm files."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        remove_shm_of(self.proc.pid)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM (the graceful way) and wait; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+
+def start_target(buffer_size: int, metadata: str | None = None, secret: str | None = None,
+                 name: str | None = None, env: dict[str, str] | None = None) -> Target:
+    """Start `python -m mooncake_cli --json transfer serve` and wait for its ready line."""
+    cmd = [sys.executable, "-m", "mooncake_cli", "--json", "transfer", "serve",
+           "--buffer-size", str(buffer_size)]
+    if metadata:
+        cmd += ["--metadata", metadata]
+    if secret:
+        cmd += ["--secret", secret]
+    if name:
+        cmd += ["--name", name]
+    errlog = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, cwd=REPO,
+                            env=child_env(**(env or {})))
+    assert proc.stdout is not None
+    line = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not line.endswith(b"\n") and time.monotonic() < deadline:
+            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                line += chunk
+    try:
+        ready = json.loads(line)
+        assert ready["event"] == "ready"
+    except (ValueError, KeyError, AssertionError):
+        proc.kill()
+        proc.wait()
+        errlog.seek(0)
+        pytest.fail(f"target did not become ready: {cmd}\nstdout: {line!r}\n"
+                    f"stderr: {errlog.read().decode(errors='replace')[-3000:]}")
+    errlog.close()
+    return Target(proc, str(ready["segment"]), str(ready["address"]), int(ready["offset"]),
+                  int(ready["size"]), ready)
+
+
+@pytest.fixture
+def spawn_target() -> Iterator[Callable[..., Target]]:
+    """A factory of target processes; every one still running is terminated on teardown."""
+    started: list[Target] = []
+
+    def spawn(buffer_size: int = 8 << 20, **kw: object) -> Target:
+        t = start_target(buffer_size, **kw)  # type: ignore[arg-type]
+        started.append(t)
+        return t
+
+    yield spawn
+    for t in started:
+        try:
+            t.stop(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        remove_shm_of(t.pid)
+        if t.proc.stdout:
+            t.proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[Target]:
+    """One 32 MiB target process shared by a module's tests (each test uses its own bytes)."""
+    t = start_target(32 << 20)
+    yield t
+    try:
+        t.stop(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    remove_shm_of(t.pid)
+    if t.proc.stdout:
+        t.proc.stdout.close()
+
+
+# -- in-process engines -----------------------------------------------------------------------
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., object]]:
+    """A factory of in-process TransferEngines (config as keywords); all closed on teardown."""
+    from mooncake_cli.config import TransferConfig
+    from mooncake_cli.registry import Registry
+    from mooncake_cli.transfer.engine import TransferEngine
+
+    engines: list[TransferEngine] = []
+
+    def make(registry: Registry | None = None, **cfg: object) -> TransferEngine:
+        engine = TransferEngine(TransferConfig(**cfg), registry or Registry())  # type: ignore[arg-type]
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in reversed(engines):
+        engine.close()
