@@ -367,6 +367,35 @@ def test_memory_registered_after_the_first_lookup_is_reachable(transport, make_e
     assert bytes(later.view[MiB:]) == data
 
 
+def test_unregistered_memory_is_refused(transport, make_engine) -> None:
+    tgt = make_engine()
+    keep, gone = tgt.allocate(MiB), tgt.allocate(MiB)
+    eng = make_engine(transport=transport)
+    src = eng.register(bytearray(os.urandom(MiB)))
+    for region in (keep, gone):
+        assert eng.transfer(Op.WRITE, src, 0, tgt.name, region.base, MiB).state \
+            is State.COMPLETED
+    tgt.unregister(gone)  # the initiator's descriptor and any mapping still name it
+    st = run_one(eng, write(eng, src, 0, tgt.name, gone.base, MiB))
+    assert st.state is State.FAILED
+    assert "bounds" in st.reason or "no longer registered" in st.reason
+    assert eng.transfer(Op.READ, src, 0, tgt.name, keep.base, MiB).state is State.COMPLETED
+
+
+def test_a_refreshed_peer_lets_running_batches_finish(transport, make_engine) -> None:
+    tgt = make_engine()
+    region = tgt.allocate(32 * MiB)
+    eng = make_engine(transport=transport)
+    data = os.urandom(32 * MiB)
+    src = eng.register(bytearray(data))
+    batch = eng.submit([write(eng, src, 0, tgt.name, region.base, 32 * MiB)])
+    eng._peer(tgt.name).stale = True  # the next lookup replaces the pool under the batch
+    eng.transport_for(tgt.name)
+    [st] = batch.wait(30)
+    assert st.state is State.COMPLETED, st.reason
+    assert bytes(region.view) == data
+
+
 def test_transfer_to_the_engines_own_segment(make_engine) -> None:
     eng = make_engine()
     mine = eng.allocate(MiB)

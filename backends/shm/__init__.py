@@ -37,6 +37,14 @@ class ShmChannel:
         except PermissionError:
             pass
 
+    def _current(self, r: RegionInfo) -> None:
+        """The peer unlinks a region's file when it unregisters it: our mapping would outlive
+        it and writes would land in memory nobody reads."""
+        if not os.path.exists(os.path.join(SHM_DIR, r.shm or "")):
+            self._maps.pop(r.shm or "", None)
+            raise TransferError(f"{self.peer.name}: region at offset {r.base} is no longer "
+                                "registered")
+
     def _mapped(self, r: RegionInfo) -> memoryview:
         assert r.shm is not None
         mv = self._maps.get(r.shm)
@@ -66,6 +74,7 @@ class ShmChannel:
                                 "inside one registered region")
         if r.shm is None:
             return None, 0
+        self._current(r)
         return self._mapped(r), off - r.base
 
     def _fallback(self) -> TargetClient:

@@ -151,7 +151,7 @@ class TransferEngine:
             old = self._peers.get(name)
             self._peers[name] = peer
         if old is not None:
-            old.close()
+            old.retire()  # batches still running on it finish on their channels
         return peer
 
     def transport_for(self, name: str) -> str:

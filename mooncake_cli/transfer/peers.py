@@ -21,6 +21,16 @@ class LocalChannel:
     def write(self, remote_offset: int, src: memoryview) -> None:
         self._segment.view(remote_offset, len(src))[:] = src
 
+    def retire(self) -> None:
+        """Replaced by a fresh Peer: close idle channels, let busy ones finish, then close."""
+        with self._cond:
+            self._retired = True
+            for ch in self._idle:
+                ch.close()
+            self._open -= len(self._idle)
+            self._idle.clear()
+            self._cond.notify_all()
+
     def close(self) -> None:
         pass
 
@@ -42,6 +52,7 @@ class Peer:
         self._open = 0
         self._cond = threading.Condition()
         self._closed = False
+        self._retired = False
 
     def _new(self) -> Channel:
         if self._local is not None:
@@ -74,12 +85,22 @@ class Peer:
 
     def release(self, ch: Channel) -> None:
         with self._cond:
-            if getattr(ch, "broken", False) or self._closed:
+            if getattr(ch, "broken", False) or self._closed or self._retired:
                 self._open -= 1
                 ch.close()
             else:
                 self._idle.append(ch)
             self._cond.notify()
+
+    def retire(self) -> None:
+        """Replaced by a fresh Peer: close idle channels, let busy ones finish, then close."""
+        with self._cond:
+            self._retired = True
+            for ch in self._idle:
+                ch.close()
+            self._open -= len(self._idle)
+            self._idle.clear()
+            self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
