@@ -190,10 +190,10 @@ class TransferEngine:
             parts = cut(r.length, min(self.config.connections, peer.max_slices),
                         self.config.slice_size if peer.max_slices > 1 else max(r.length, 1))
             batch.expect(i, len(parts))
-            view = r.local.view[r.local_offset:r.local_offset + r.length]
             for off, n in parts:
-                work.append((batch, i, peer, r.op, view[off:off + n], r.target_offset + off))
-        if sum(len(w[4]) for w in work) <= inline:
+                work.append((batch, i, peer, r.op, r.local, r.local_offset + off, n,
+                             r.target_offset + off))
+        if sum(w[6] for w in work) <= inline:
             for w in work:
                 self._run(*w)
         else:
@@ -228,8 +228,8 @@ class TransferEngine:
         while (item := self._queue.get()) is not None:
             self._run(*item)
 
-    def _run(self, batch: Batch, index: int, peer: Peer, op: Op, view: memoryview,
-             remote: int) -> None:
+    def _run(self, batch: Batch, index: int, peer: Peer, op: Op, local: Region, start: int,
+             n: int, remote: int) -> None:
         error = None
         for _attempt in (0, 1):
             try:
@@ -238,7 +238,12 @@ class TransferEngine:
                 error = str(e)
                 break
             try:
-                (ch.read if op is Op.READ else ch.write)(remote, view)  # type: ignore[union-attr]
+                if op is Op.READ:
+                    view = local.sink(start, n)
+                    ch.read(remote, view)  # type: ignore[union-attr]
+                    local.commit(start, view)
+                else:
+                    ch.write(remote, local.load(start, n))  # type: ignore[union-attr]
                 error = None
             except TransferError as e:
                 error = str(e)
@@ -250,7 +255,7 @@ class TransferEngine:
                 break  # done, or refused by the peer: retrying would not help
         if error is not None:
             peer.stale = True
-        batch.slice_done(index, len(view), error)
+        batch.slice_done(index, n, error)
 
     def transfer(self, op: Op, region: Region, local_offset: int, target: str,
                  target_offset: int, length: int, timeout: float | None = None) -> Status:

@@ -16,20 +16,14 @@ class LocalChannel:
         self.broken = False
 
     def read(self, remote_offset: int, dst: memoryview) -> None:
-        dst[:] = self._segment.view(remote_offset, len(dst))
+        region, start = self._segment.locate(remote_offset, len(dst))
+        dst[:] = region.load(start, len(dst))
 
     def write(self, remote_offset: int, src: memoryview) -> None:
-        self._segment.view(remote_offset, len(src))[:] = src
-
-    def retire(self) -> None:
-        """Replaced by a fresh Peer: close idle channels, let busy ones finish, then close."""
-        with self._cond:
-            self._retired = True
-            for ch in self._idle:
-                ch.close()
-            self._open -= len(self._idle)
-            self._idle.clear()
-            self._cond.notify_all()
+        region, start = self._segment.locate(remote_offset, len(src))
+        view = region.sink(start, len(src))
+        view[:] = src
+        region.commit(start, view)
 
     def close(self) -> None:
         pass

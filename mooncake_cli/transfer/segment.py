@@ -3,6 +3,10 @@
 Each registered buffer becomes a `Region` with a `base` in the segment's offset space (aligned,
 never reused), so a peer addresses memory as (segment name, offset). Every access is checked
 against the regions: nothing outside them is ever read or written.
+
+Host memory is read and written in place. Device memory (a CUDA tensor) has no host view: its
+bytes are staged through host buffers with `load` (device -> host) and `sink` + `commit`
+(host -> device), one slice at a time.
 """
 
 from __future__ import annotations
@@ -23,21 +27,38 @@ class Region:
     base: int
     length: int
     location: str
-    view: memoryview  # host memory, byte-addressed
+    view: memoryview | None  # host memory, byte-addressed; None for device memory
     shm: str | None = None
     keep: Any = None  # the registered object, kept alive while registered
+    device: Any = None  # flat uint8 tensor on a device, when `view` is None
 
     def info(self) -> RegionInfo:
         return RegionInfo(self.base, self.length, self.location, self.shm)
+
+    def load(self, start: int, n: int) -> memoryview:
+        """Bytes [start, start+n) in host memory: the region itself, or a staged copy."""
+        if self.view is not None:
+            return self.view[start:start + n]
+        return memoryview(self.device[start:start + n].cpu().numpy()).cast("B")
+
+    def sink(self, start: int, n: int) -> memoryview:
+        """Host memory to receive bytes meant for [start, start+n); then call `commit`."""
+        if self.view is not None:
+            return self.view[start:start + n]
+        return memoryview(bytearray(n))
+
+    def commit(self, start: int, data: memoryview) -> None:
+        """Move bytes received into a `sink` buffer to the device (nothing to do for host)."""
+        if self.view is None and len(data):
+            import torch
+
+            self.device[start:start + len(data)].copy_(torch.frombuffer(data, dtype=torch.uint8))
 
 
 def host_view(obj: Any) -> tuple[memoryview, str]:
     """A writable byte view of `obj` and its location; ValueError explains what is wrong."""
     mod = type(obj).__module__
     if mod.startswith("torch"):
-        if obj.device.type != "cpu":
-            raise ValueError(f"tensors on {obj.device} cannot be registered: this engine moves "
-                             "host memory; copy the tensor to the CPU (pinned) first")
         if not obj.is_contiguous():
             raise ValueError("tensor must be contiguous")
         import torch
@@ -67,16 +88,33 @@ class Segment:
 
     def register(self, obj: Any, location: str | None = None, shm: str | None = None,
                  view: memoryview | None = None) -> Region:
+        if view is None and type(obj).__module__.startswith("torch") and \
+                obj.device.type != "cpu":
+            return self.register_device(obj)
         if view is None:
             view, loc = host_view(obj)
         else:
             loc = "cpu:0"
-        location = location or loc
+        return self._add(len(view), location or loc, view, shm, obj, None)
+
+    def register_device(self, tensor: Any, location: str | None = None) -> Region:
+        """Register a contiguous tensor whose bytes move through host staging buffers."""
+        import torch
+
+        if not tensor.is_contiguous():
+            raise ValueError("tensor must be contiguous")
+        flat = tensor.reshape(-1).view(torch.uint8)
+        dev = tensor.device
+        return self._add(flat.numel(), location or f"{dev.type}:{dev.index or 0}", None, None,
+                         tensor, flat)
+
+    def _add(self, length: int, location: str, view: memoryview | None, shm: str | None,
+             keep: Any, device: Any) -> Region:
         if not _LOCATION.match(location):
             raise ValueError(f"bad location '{location}': use cpu:N, cuda:N or npu:N")
         with self._lock:
-            region = Region(self._next, len(view), location, view, shm, obj)
-            self._next += (len(view) + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+            region = Region(self._next, length, location, view, shm, keep, device)
+            self._next += (length + ALIGN - 1) // ALIGN * ALIGN or ALIGN
             self._regions = (*self._regions, region)
         return region
 
@@ -90,13 +128,13 @@ class Segment:
     def regions(self) -> tuple[Region, ...]:
         return self._regions
 
-    def view(self, offset: int, length: int) -> memoryview:
-        """The bytes [offset, offset+length) of one region; TransferError when out of bounds."""
+    def locate(self, offset: int, length: int) -> tuple[Region, int]:
+        """The region holding [offset, offset+length) and the start inside it; TransferError
+        when the range is not inside one region."""
         if offset < 0 or length < 0:
             raise TransferError(f"negative offset or length ({offset}, {length})")
         for r in self._regions:
             if r.base <= offset and offset + length <= r.base + r.length:
-                start = offset - r.base
-                return r.view[start:start + length]
+                return r, offset - r.base
         raise TransferError(f"out of bounds: [{offset}, {offset + length}) is not inside one "
                             f"registered region of segment '{self.name}'")

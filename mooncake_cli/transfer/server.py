@@ -88,19 +88,22 @@ class TargetServer:
                 return
             if op == wire.OP_READ:
                 try:
-                    view = seg.view(off, length)
+                    region, start = seg.locate(off, length)
                 except TransferError as e:
                     self._error(conn, rid, wire.E_BOUNDS, str(e))
                     continue
-                wire.send_parts(conn, wire.RESPONSE.pack(wire.OK, 0, 0, rid, length), view)
+                wire.send_parts(conn, wire.RESPONSE.pack(wire.OK, 0, 0, rid, length),
+                                region.load(start, length))
             elif op == wire.OP_WRITE:
                 try:
-                    view = seg.view(off, length)
+                    region, start = seg.locate(off, length)
                 except TransferError as e:
                     wire.drain(conn, length, scratch)
                     self._error(conn, rid, wire.E_BOUNDS, str(e))
                     continue
+                view = region.sink(start, length)
                 wire.recv_into_exact(conn, view)
+                region.commit(start, view)
                 conn.sendall(wire.RESPONSE.pack(wire.OK, 0, 0, rid, 0))
             elif op == wire.OP_DESCRIBE:
                 body = self._describe()
