@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -28,14 +30,28 @@ def transfer_config(out: Out, **flags: Any) -> TransferConfig:
     return load(TransferConfig, "transfer", out.config_file, **flags)
 
 
-def wait_for_signal() -> None:
-    """Block until Ctrl-C or SIGTERM."""
+@contextmanager
+def stop_signals() -> Iterator[threading.Event]:
+    """An event set by Ctrl-C or SIGTERM, armed before a server announces it is ready, so a
+    signal that follows the announcement at once still stops it cleanly."""
     stop = threading.Event()
-    old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def handler(*_: object) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def wait_for_signal(stop: threading.Event | None = None) -> None:
+    """Block until `stop` is set (by `stop_signals`), or until Ctrl-C or SIGTERM."""
+    if stop is None:
+        with stop_signals() as stop:
+            wait_for_signal(stop)
+        return
+    while not stop.wait(0.5):
+        pass

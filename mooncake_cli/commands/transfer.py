@@ -15,6 +15,7 @@ from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op
 from mooncake_cli.transfer.engine import TransferEngine
+from mooncake_cli.transfer.metadata_http import MetadataServer
 
 app = typer.Typer(no_args_is_help=True, help="Run transfer targets and move bytes between them.")
 
@@ -31,7 +32,7 @@ def serve(
     cfg = c.transfer_config(out, host=host, port=port, advertise=advertise, name=name,
                             metadata=metadata, transport=transport, secret=secret)
     size = parse_size(buffer_size)
-    with TransferEngine(cfg, Registry.from_env()) as engine:
+    with c.stop_signals() as stop, TransferEngine(cfg, Registry.from_env()) as engine:
         region = engine.allocate(size)
         info = {"event": "ready", "segment": engine.name, "address": engine.address,
                 "metadata": cfg.metadata, "offset": region.base, "size": size,
@@ -47,7 +48,7 @@ def serve(
                         f"  write: mooncake transfer write {reach} FILE\n"
                         f"  bench: mooncake bench transfer --mode initiator {reach}\n"
                         "Ctrl-C to stop.")
-        c.wait_for_signal()
+        c.wait_for_signal(stop)
     out.event({"event": "stopped", "segment": engine.name}, "stopped; segment withdrawn")
 
 
@@ -59,17 +60,20 @@ def metadata_server(
     path: str = typer.Option("/metadata", "--path", help="URL path of the key/value API."),
 ) -> None:
     """Serve segment descriptors over HTTP: GET/PUT/DELETE ?key=K (upstream's contract)."""
-    from mooncake_cli.transfer.metadata_http import MetadataServer
-
     out: Out = ctx.obj
-    server = MetadataServer(host, port, path).start()
+    with c.stop_signals() as stop:
+        server = MetadataServer(host, port, path).start()
+        try:
+            _announce_metadata(out, server)
+            c.wait_for_signal(stop)
+        finally:
+            server.close()
+
+
+def _announce_metadata(out: Out, server: MetadataServer) -> None:
     out.event({"event": "ready", "url": server.url},
               f"metadata server at [bold]{server.url}[/bold] — use --metadata {server.url}\n"
               "Ctrl-C to stop.")
-    try:
-        c.wait_for_signal()
-    finally:
-        server.close()
 
 
 def _client(out: Out, metadata: str | None, transport: str | None, secret: str | None,
