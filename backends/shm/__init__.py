@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 
 from mooncake_cli.interfaces import RegionInfo, SegmentDescriptor, TransferError
 from mooncake_cli.transfer.client import TargetClient
 
 SHM_DIR = "/dev/shm"
+ALIVE_EVERY = 0.005  # seconds between checks that the peer process lives
 
 
 class ShmChannel:
@@ -24,24 +26,34 @@ class ShmChannel:
         self.peer = peer
         self._secret, self._timeout = secret, timeout
         self._maps: dict[str, memoryview] = {}
+        self._fds: dict[str, int] = {}  # open files of mapped regions: st_nlink 0 = unregistered
+        self._checked = 0.0  # when the peer process was last seen alive
         self._mms: list[mmap.mmap] = []
         self._tcp: TargetClient | None = None
         if peer.auth:  # prove the secret before touching the peer's memory
             self._tcp = TargetClient(peer.host, peer.port, secret, timeout)
 
     def _alive(self) -> None:
+        """Every ALIVE_EVERY seconds: is the peer process still there? (A syscall per request
+        costs more than the check is worth; a copy into a just-dead peer's memory is lost
+        exactly like one that completed just before it died.)"""
+        now = time.monotonic()
+        if now - self._checked < ALIVE_EVERY:
+            return
         try:
             os.kill(self.peer.pid, 0)
         except ProcessLookupError:
             raise TransferError(f"peer '{self.peer.name}' (pid {self.peer.pid}) is gone") from None
         except PermissionError:
             pass
+        self._checked = now
 
     def _current(self, r: RegionInfo) -> None:
         """The peer unlinks a region's file when it unregisters it: our mapping would outlive
         it and writes would land in memory nobody reads."""
-        if not os.path.exists(os.path.join(SHM_DIR, r.shm or "")):
+        if os.fstat(self._fds[r.shm or ""]).st_nlink == 0:
             self._maps.pop(r.shm or "", None)
+            os.close(self._fds.pop(r.shm or ""))
             raise TransferError(f"{self.peer.name}: region at offset {r.base} is no longer "
                                 "registered")
 
@@ -55,11 +67,17 @@ class ShmChannel:
                 raise TransferError(f"cannot map {r.shm} of '{self.peer.name}': {e}") from e
             try:
                 mm = mmap.mmap(fd, 0)
-            finally:
+            except OSError:
                 os.close(fd)
+                raise
             if len(mm) < r.length:
                 mm.close()
+                os.close(fd)
                 raise TransferError(f"{r.shm} is smaller than the peer says ({r.length} bytes)")
+            old = self._fds.pop(r.shm, None)
+            if old is not None:
+                os.close(old)
+            self._fds[r.shm] = fd
             self._mms.append(mm)
             mv = self._maps[r.shm] = memoryview(mm)[:r.length]
         return mv
@@ -74,8 +92,9 @@ class ShmChannel:
                                 "inside one registered region")
         if r.shm is None:
             return None, 0
+        mv = self._mapped(r)
         self._current(r)
-        return self._mapped(r), off - r.base
+        return mv, off - r.base
 
     def _fallback(self) -> TargetClient:
         if self._tcp is None or self._tcp.broken:
@@ -106,6 +125,9 @@ class ShmChannel:
             except BufferError:
                 pass
         self._mms.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
         if self._tcp is not None:
             self._tcp.close()
 

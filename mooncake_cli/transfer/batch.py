@@ -6,6 +6,7 @@ import enum
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mooncake_cli.transfer.segment import Region
 
@@ -33,8 +34,7 @@ class TransferRequest:
     length: int
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(NamedTuple):  # a tuple: cheap to make on every poll
     state: State
     reason: str = ""
     transferred: int = 0
@@ -46,26 +46,27 @@ class Batch:
     def __init__(self, requests: list[TransferRequest]) -> None:
         self.requests = requests
         self.submitted_at = time.perf_counter()
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond: threading.Condition | None = None  # made by the first wait() that blocks
         self._left = [0] * len(requests)
         self._done = [0] * len(requests)
         self._reason: list[str | None] = [None] * len(requests)
         self._open = len(requests)
 
     def expect(self, index: int, slices: int) -> None:
-        """Announce how many slices request `index` was cut into (before any runs)."""
-        with self._cond:
-            self._left[index] = slices
-            if slices == 0:
-                self._finish(index)
+        """Announce how many slices request `index` was cut into. Called by the submitter
+        before any slice of the batch runs, so no other thread looks yet."""
+        self._left[index] = slices
+        if slices == 0:
+            self._finish(index)
 
     def _finish(self, index: int) -> None:
         self._open -= 1
-        if self._open == 0:
+        if self._open == 0 and self._cond is not None:
             self._cond.notify_all()
 
     def slice_done(self, index: int, nbytes: int, error: str | None = None) -> None:
-        with self._cond:
+        with self._lock:
             if self._left[index] <= 0:
                 return
             if error is not None and self._reason[index] is None:
@@ -88,18 +89,20 @@ class Batch:
         return Status(State.COMPLETED, "", self._done[i])
 
     def poll(self) -> list[Status]:
-        with self._cond:
+        with self._lock:
             return [self._status(i) for i in range(len(self.requests))]
 
     @property
     def done(self) -> bool:
-        with self._cond:
-            return self._open == 0
+        return self._open == 0
 
     def wait(self, timeout: float | None = None) -> list[Status]:
         """Block until every request finished or `timeout` seconds passed; then poll."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._open == 0, timeout)
+        with self._lock:
+            if self._open:  # not finished in the submitting thread: sleep until it is
+                if self._cond is None:
+                    self._cond = threading.Condition(self._lock)
+                self._cond.wait_for(lambda: self._open == 0, timeout)
             return [self._status(i) for i in range(len(self.requests))]
 
     def ok(self, timeout: float | None = None) -> bool:

@@ -18,6 +18,7 @@ class TargetClient:
     def __init__(self, host: str, port: int, secret: str | None, timeout: float) -> None:
         self.peer = f"{host}:{port}"
         self.broken = False
+        self._timeout = timeout
         try:
             self._sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as e:
@@ -33,6 +34,8 @@ class TargetClient:
             raise
         self._hdr = bytearray(wire.RESPONSE.size)
         self._rid = 0
+        self.spin = True  # busy-poll briefly for replies; the engine turns it off in workers
+        wire.blocking_with_timeout(self._sock, timeout)
 
     def _handshake(self, secret: str | None) -> None:
         magic, version, auth, nonce = wire.HELLO.unpack(wire.recv_exact(self._sock,
@@ -50,7 +53,7 @@ class TargetClient:
             raise TransferError(f"{self.peer} refused our secret (wrong --secret?)")
 
     def _response(self) -> int:
-        wire.recv_into_exact(self._sock, memoryview(self._hdr))
+        wire.recv_spin(self._sock, memoryview(self._hdr), wire.SPIN if self.spin else 0.0)
         status, _z, _r, _rid, length = wire.RESPONSE.unpack(self._hdr)
         if status != wire.OK:
             msg = wire.recv_exact(self._sock, length).decode(errors="replace")
@@ -65,6 +68,9 @@ class TargetClient:
         except (OSError, ConnectionError) as e:
             self.broken = True
             self.close()
+            if isinstance(e, (TimeoutError, BlockingIOError)):  # SO_RCVTIMEO/SO_SNDTIMEO hit
+                raise TransferError(f"{self.peer} did not answer within {self._timeout:g} s") \
+                    from e
             raise TransferError(f"connection to {self.peer} lost: {e or type(e).__name__}") from e
 
     def read(self, remote_offset: int, dst: memoryview) -> None:

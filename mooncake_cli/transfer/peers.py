@@ -46,6 +46,7 @@ class Peer:
         self._open = 0
         self._cond = threading.Condition()
         self._closed = False
+        self._waiting = 0  # acquirers inside the lock; a lock-free release notifies them
         self._retired = False
 
     def _new(self) -> Channel:
@@ -55,20 +56,29 @@ class Peer:
         return self.transport.connect(self.desc, self._secret, self._timeout)
 
     def acquire(self, block: bool = True) -> Channel | None:
+        if not self._closed:
+            try:
+                return self._idle.pop()  # atomic under the GIL: no lock on the hot path
+            except IndexError:
+                pass
         with self._cond:
             while True:
                 if self._closed:
                     raise TransferError(f"connections to '{self.desc.name}' are closed")
-                if self._idle:
-                    return self._idle.pop()
-                if self._open < self._limit:
-                    self._open += 1
-                    break
-                if not block:
-                    return None
-                if not self._cond.wait(self._timeout):
-                    raise TransferError(f"no free connection to '{self.desc.name}' within "
-                                        f"{self._timeout:g} s")
+                self._waiting += 1  # before looking: a release that misses it appended first
+                try:
+                    if self._idle:
+                        return self._idle.pop()
+                    if self._open < self._limit:
+                        self._open += 1
+                        break
+                    if not block:
+                        return None
+                    if not self._cond.wait(self._timeout):
+                        raise TransferError(f"no free connection to '{self.desc.name}' within "
+                                            f"{self._timeout:g} s")
+                finally:
+                    self._waiting -= 1
         try:
             return self._new()
         except BaseException:
@@ -78,6 +88,16 @@ class Peer:
             raise
 
     def release(self, ch: Channel) -> None:
+        if not (getattr(ch, "broken", False) or self._closed or self._retired):
+            self._idle.append(ch)  # lock-free; see `acquire` for why no wake-up is lost
+            if self._waiting or self._closed or self._retired:  # raced with close/retire
+                with self._cond:
+                    if (self._closed or self._retired) and ch in self._idle:
+                        self._idle.remove(ch)
+                        self._open -= 1
+                        ch.close()
+                    self._cond.notify()
+            return
         with self._cond:
             if getattr(ch, "broken", False) or self._closed or self._retired:
                 self._open -= 1

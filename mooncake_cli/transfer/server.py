@@ -78,7 +78,7 @@ class TargetServer:
         seg = self.segment
         while True:
             try:
-                wire.recv_into_exact(conn, hview)
+                wire.recv_spin(conn, hview)
             except wire.PeerClosed:
                 return
             op, _flags, _r, rid, off, length = wire.REQUEST.unpack(hdr)

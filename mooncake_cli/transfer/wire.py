@@ -13,6 +13,7 @@ import hmac
 import os
 import socket
 import struct
+import time
 
 VERSION = 1
 HELLO = struct.Struct("<3sBB32s")
@@ -38,6 +39,40 @@ def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
         if k == 0:
             raise PeerClosed(f"peer closed the connection after {got} of {n} bytes")
         got += k
+
+
+SPIN = float(os.environ.get("MOONCAKE_SPIN_US", "50")) * 1e-6
+
+
+def recv_spin(sock: socket.socket, view: memoryview, spin: float = SPIN) -> None:
+    """`recv_into_exact`, polling without sleeping for up to `spin` seconds first: a reply
+    that comes within that time is taken without a wake-up (a cross-CPU wake-up costs 10-20
+    us on a small VM). `sock` must be in blocking mode (timeouts from SO_RCVTIMEO)."""
+    if spin > 0:
+        clock, end = time.perf_counter, time.perf_counter() + spin
+        while True:
+            try:
+                k = sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if clock() > end:
+                    break
+                continue
+            if k == 0:
+                raise PeerClosed("peer closed the connection")
+            if k == len(view):
+                return
+            view = view[k:]
+            break
+    recv_into_exact(sock, view)
+
+
+def blocking_with_timeout(sock: socket.socket, timeout: float) -> None:
+    """Blocking mode, timeouts enforced by the kernel: Python's timeout mode polls before
+    every recv and send (two syscalls each)."""
+    sock.settimeout(None)
+    tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
