@@ -8,6 +8,7 @@ import uuid
 
 SHM_DIR = "/dev/shm"
 PREFIX = "mooncake-"
+HUGE = 2 << 20
 
 
 class DramBuffer:
@@ -26,6 +27,11 @@ class DramBuffer:
             self.shm = name
         else:
             self._mm = mmap.mmap(-1, max(size, 1))
+            if size >= HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+                try:  # transparent huge pages: fewer TLB misses on large copies
+                    self._mm.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:
+                    pass
         self.view = memoryview(self._mm)[:size]
 
     def close(self) -> None:

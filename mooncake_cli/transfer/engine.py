@@ -166,9 +166,9 @@ class TransferEngine:
         work: list[tuple[Any, ...]] = []
         fresh: dict[str, SegmentDescriptor] = {}
         inline = 1 << 62  # the batch runs in this thread if it fits every peer's inline budget
+        total = 0
         for i, r in enumerate(batch.requests):
-            if r.length < 0 or r.local_offset < 0 or \
-                    r.local_offset + r.length > r.local.length:
+            if not 0 <= r.local_offset <= r.local_offset + r.length <= r.local.length:
                 batch.fail(i, f"local out of bounds: [{r.local_offset}, "
                               f"{r.local_offset + r.length}) of a {r.local.length}-byte region")
                 continue
@@ -181,18 +181,26 @@ class TransferEngine:
             except MooncakeError as e:
                 batch.fail(i, str(e))
                 continue
-            refused = self._check_remote(peer, r, fresh)
-            if refused:  # refuse it whole: no in-bounds slice of it may move
-                batch.fail(i, refused)
+            if peer.desc.region_for(r.target_offset, r.length) is None:
+                refused = self._check_remote(peer, r, fresh)
+                if refused:  # refuse it whole: no in-bounds slice of it may move
+                    batch.fail(i, refused)
+                    continue
+            if peer.inline_bytes < inline:
+                inline = peer.inline_bytes
+            total += r.length
+            if r.length <= MIN_SLICE or peer.max_slices == 1:
+                batch.expect(i, 1)
+                work.append((batch, i, peer, r.op, r.local, r.local_offset, r.length,
+                             r.target_offset))
                 continue
-            inline = min(inline, peer.inline_bytes)
             parts = cut(r.length, min(self.config.connections, peer.max_slices),
-                        self.config.slice_size if peer.max_slices > 1 else max(r.length, 1))
+                        self.config.slice_size)
             batch.expect(i, len(parts))
             for off, n in parts:
                 work.append((batch, i, peer, r.op, r.local, r.local_offset + off, n,
                              r.target_offset + off))
-        if len(work) <= 1 or sum(w[6] for w in work) <= inline:
+        if len(work) <= 1 or total <= inline:
             for w in work:  # nothing to overlap: a hand-off would only add two wake-ups
                 self._run(*w)
         else:  # workers take all but the last slice; this thread runs that one meanwhile
@@ -203,11 +211,9 @@ class TransferEngine:
 
     def _check_remote(self, peer: Peer, r: TransferRequest,
                       fresh: dict[str, SegmentDescriptor]) -> str | None:
-        """Why `r`'s target range is not inside one region of the peer, or None when it is.
-        A miss is checked again against a fresh descriptor (the peer may have registered more
-        memory since we looked), once per target per batch."""
-        if peer.desc.region_for(r.target_offset, r.length) is not None:
-            return None
+        """Why `r`'s target range, not inside one region of the peer's known descriptor, is
+        refused; None when a fresh descriptor (the peer may have registered more memory since
+        we looked, fetched once per target per batch) holds it."""
         if r.target not in fresh:
             try:
                 fresh[r.target] = (self.descriptor() if r.target == self.name
