@@ -223,3 +223,43 @@ def test_server_close_drops_its_connections(served: Served) -> None:
     s.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", served.server.port), timeout=2).close()
+
+
+def test_silent_newcomer_is_dropped_after_the_handshake_timeout(monkeypatch) -> None:
+    from mooncake_cli.transfer import server as server_mod
+
+    monkeypatch.setattr(server_mod, "HANDSHAKE_TIMEOUT", 0.3)
+    srv = Served(SECRET)  # built after the patch: its connections use the short timeout
+    try:
+        s = srv.connect(prove=False)  # reads HELLO, never answers the challenge
+        s.settimeout(5)
+        assert closed(s)  # the server gave up on it instead of holding a thread forever
+        still_serving(srv)
+    finally:
+        srv.server.close()
+
+
+def test_connections_over_the_limit_are_refused() -> None:
+    segment = Segment("limited")
+    segment.register(bytearray(16))
+    srv = TargetServer(segment, lambda: b"{}", "127.0.0.1", 0, None, max_connections=2)
+    try:
+        held = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(2)]
+        for s in held:
+            wire.recv_exact(s, wire.HELLO.size)
+        extra = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        assert closed(extra)
+        held[0].close()
+        for _ in range(100):  # the slot frees once the server notices the close
+            c = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            try:
+                if len(wire.recv_exact(c, wire.HELLO.size)) == wire.HELLO.size:
+                    break
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                c.close()
+        else:
+            raise AssertionError("a freed slot was never reused")
+    finally:
+        srv.close()

@@ -19,9 +19,15 @@ from mooncake_cli.transfer.segment import Segment
 log = logging.getLogger("mooncake.transfer.server")
 
 
+MAX_CONNECTIONS = 1024
+HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to prove the secret
+
+
 class TargetServer:
     def __init__(self, segment: Segment, describe: Callable[[], bytes], host: str = "127.0.0.1",
-                 port: int = 0, secret: str | None = None) -> None:
+                 port: int = 0, secret: str | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self._max = max_connections
         self.segment = segment
         self._describe = describe
         self._secret = secret or None
@@ -41,14 +47,22 @@ class TargetServer:
             except OSError:
                 return
             with self._lock:
-                self._conns.add(conn)
+                full = len(self._conns) >= self._max
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                log.warning("refused a connection: %d already open", self._max)
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), name="mooncake-conn",
                              daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
             wire.tune(conn)
+            conn.settimeout(HANDSHAKE_TIMEOUT)  # a silent newcomer must not hold a thread
             if self._handshake(conn):
+                conn.settimeout(None)
                 self._loop(conn)
         except (OSError, ConnectionError):
             pass  # peer went away; nothing of ours is half-written
