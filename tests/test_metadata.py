@@ -173,6 +173,25 @@ def test_etcd_descriptor_is_attached_to_a_lease(etcd: str) -> None:
         client.close()
 
 
+def test_etcd_republishes_after_its_lease_is_lost(etcd: str) -> None:
+    import etcd3gw
+
+    host, port = etcd[len("etcd://"):].split(":")
+    raw = etcd3gw.client(host=host, port=int(port), timeout=5)
+    client = open_metadata(etcd, ttl=3)
+    try:
+        name = unique()
+        client.publish(descriptor(name, 1))
+        [(_, meta)] = raw.get(KEY_PREFIX + name, metadata=True)
+        raw.post(raw.get_url("/kv/lease/revoke"), json={"ID": int(meta["lease"])})
+        assert raw.get(KEY_PREFIX + name) == []  # as if etcd had lost it
+        wait_for(lambda: raw.get(KEY_PREFIX + name) != [], timeout=5,
+                 what="the descriptor to be published again under a fresh lease")
+        assert client.lookup(name).name == name
+    finally:
+        client.close()
+
+
 def test_p2p_asks_the_peer_itself(make_engine) -> None:
     target = make_engine()
     region = target.allocate(1 << 20)

@@ -43,9 +43,21 @@ class EtcdMetadata:
             client.put(key, value, lease=lease)
             return lease
 
-        lease = self._each("put", put)
-        keeper = Keeper(self._ttl / 3, lease.refresh, f"mooncake-etcd-lease-{desc.name}")
-        self._leases[desc.name] = (lease, keeper)
+        held = [self._each("put", put)]
+
+        def refresh() -> None:
+            """Keep the lease alive; when it expired anyway (etcd was away longer than the
+            TTL, or another endpoint took over), publish again under a fresh lease."""
+            try:
+                alive = held[0].refresh() > 0
+            except Exception:
+                alive = False
+            if not alive:
+                held[0] = self._each("put", put)
+                self._leases[desc.name] = (held[0], keeper)
+
+        keeper = Keeper(self._ttl / 3, refresh, f"mooncake-etcd-lease-{desc.name}")
+        self._leases[desc.name] = (held[0], keeper)
 
     def lookup(self, name: str) -> SegmentDescriptor:
         values = self._each("get", lambda c: c.get(KEY_PREFIX + name))
