@@ -17,14 +17,13 @@ from typing import Any
 
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.interfaces import (
-    ConfigError,
     MooncakeError,
     SegmentDescriptor,
     TransferError,
-    Transport,
 )
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Batch, Op, Status, TransferRequest
+from mooncake_cli.transfer.directory import PeerDirectory, pick_transports
 from mooncake_cli.transfer.hostinfo import boot_id, hostname
 from mooncake_cli.transfer.metadata import open_metadata
 from mooncake_cli.transfer.peers import Peer
@@ -51,7 +50,7 @@ class TransferEngine:
     def __init__(self, config: TransferConfig, registry: Registry) -> None:
         self.config = config
         self.registry = registry
-        self._transports = self._pick_transports(config.transport)
+        transports = pick_transports(registry, config.transport)
         self._secret = config.secret or None
         self.segment = Segment("")
         self._server = TargetServer(self.segment, self._describe_bytes, config.host,
@@ -72,8 +71,9 @@ class TransferEngine:
         except BaseException:
             self._server.close()
             raise
-        self._peers: dict[str, Peer] = {}
-        self._lock = threading.Lock()
+        self._dir = PeerDirectory(transports, self.metadata, self.name, self.segment,
+                                  self.descriptor, self._secret, config.timeout,
+                                  config.connections)
         self._buffers: dict[int, Any] = {}
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._workers = [threading.Thread(target=self._work, name=f"mooncake-worker-{i}",
@@ -81,16 +81,6 @@ class TransferEngine:
         for w in self._workers:
             w.start()
         self._closed = False
-
-    def _pick_transports(self, choice: str) -> list[Transport]:
-        group = "mooncake.transports"
-        if choice == "auto":
-            found = self.registry.available(group)
-            if not found:
-                raise ConfigError("no transport plugin is available (see `mooncake plugins`)")
-        else:
-            found = [self.registry.get(group, choice)]
-        return sorted(found, key=lambda t: -t.priority)
 
     # -- memory -------------------------------------------------------------------------------
     def register(self, obj: Any, location: str | None = None) -> Region:
@@ -118,7 +108,7 @@ class TransferEngine:
             buf.close()
 
     def _republish(self) -> None:
-        if hasattr(self, "_peers"):
+        if hasattr(self, "_dir"):
             self.metadata.publish(self.descriptor())
 
     def descriptor(self) -> SegmentDescriptor:
@@ -131,27 +121,7 @@ class TransferEngine:
 
     # -- peers --------------------------------------------------------------------------------
     def _peer(self, name: str) -> Peer:
-        peer = self._peers.get(name)  # a dict read is atomic; writers hold the lock
-        if peer is not None and not peer.stale:
-            return peer
-        if name == self.name:
-            peer = Peer(self.descriptor(), None, None, self.config.timeout, 1 << 16,
-                        local=self.segment)
-        else:
-            desc = self.metadata.lookup(name)
-            local = self.descriptor()
-            usable = [t for t in self._transports if t.reachable(desc, local)]
-            if not usable:
-                raise TransferError(f"no transport reaches '{name}' (tried "
-                                    f"{', '.join(t.name for t in self._transports)})")
-            peer = Peer(desc, usable[0], self._secret, self.config.timeout,
-                        self.config.connections)
-        with self._lock:
-            old = self._peers.get(name)
-            self._peers[name] = peer
-        if old is not None:
-            old.retire()  # batches still running on it finish on their channels
-        return peer
+        return self._dir.get(name)
 
     def transport_for(self, name: str) -> str:
         """The name of the transport used for segment `name` (resolving it if needed)."""
@@ -182,7 +152,7 @@ class TransferEngine:
                 batch.fail(i, str(e))
                 continue
             if peer.desc.region_for(r.target_offset, r.length) is None:
-                refused = self._check_remote(peer, r, fresh)
+                refused = self._dir.recheck(peer, r.target, r.target_offset, r.length, fresh)
                 if refused:  # refuse it whole: no in-bounds slice of it may move
                     batch.fail(i, refused)
                     continue
@@ -208,27 +178,6 @@ class TransferEngine:
                 self._queue.put((*w, False))  # workers must not busy-poll: they share the GIL
             self._run(*work[-1])
         return batch
-
-    def _check_remote(self, peer: Peer, r: TransferRequest,
-                      fresh: dict[str, SegmentDescriptor]) -> str | None:
-        """Why `r`'s target range, not inside one region of the peer's known descriptor, is
-        refused; None when a fresh descriptor (the peer may have registered more memory since
-        we looked, fetched once per target per batch) holds it."""
-        if r.target not in fresh:
-            try:
-                fresh[r.target] = (self.descriptor() if r.target == self.name
-                                   else self.metadata.lookup(r.target))
-            except MooncakeError as e:
-                return str(e)
-        if fresh[r.target].region_for(r.target_offset, r.length) is None:
-            return (f"{r.target}: out of bounds: [{r.target_offset}, "
-                    f"{r.target_offset + r.length}) is not inside one registered region")
-        new, old = fresh[r.target], peer.desc
-        if (new.host, new.port, new.pid) == (old.host, old.port, old.pid):
-            peer.desc = new  # same process, more memory: keep its open connections
-        else:
-            peer.stale = True  # another process now: the next batch connects afresh
-        return None
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -286,10 +235,7 @@ class TransferEngine:
             pass
         self.metadata.close()
         self._server.close()
-        with self._lock:
-            peers, self._peers = list(self._peers.values()), {}
-        for p in peers:
-            p.close()
+        self._dir.close()
         for w in self._workers:
             w.join(timeout=2)
         for buf in self._buffers.values():
