@@ -1,0 +1,146 @@
+"""Segments and clients coming and going: mounts, heartbeats, the periodic tick, re-registration
+after a failover, and statistics.
+
+A client is alive while it heartbeats (mounting counts as one). `tick` unmounts the segments of
+clients silent for `client_ttl`; their replicas are dropped, and an object left with none is
+gone. A heartbeat from a client the master does not know answers False: the client should mount
+its segments again and `register_existing` the objects it holds (how the index of a new leader
+is rebuilt after a failover).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from mooncake_cli.store.core import MasterCore
+from mooncake_cli.store.errors import (
+    InvalidParams,
+    InvalidReplica,
+    ObjectAlreadyExists,
+    StoreError,
+)
+from mooncake_cli.store.records import (
+    TIERS,
+    ObjectMeta,
+    Replica,
+    ReplicateConfig,
+    Segment,
+    StoreStats,
+    TickReport,
+    TierStats,
+    check_key,
+)
+
+
+class Membership(MasterCore):
+    """Mounts, client liveness, re-registration and stats on top of the master's core."""
+
+    def mount_segment(self, segment: Segment) -> bool:
+        """Offer `segment` for allocation; False if it was already mounted (nothing changes)."""
+        if not isinstance(segment, Segment):
+            raise InvalidParams(f"expected a Segment, not {type(segment).__name__}")
+        with self._lock:
+            added = self._segments.mount(segment)
+            self._clients[segment.client_id] = self.now()
+            return added
+
+    def unmount_segment(self, name: str, base: int | None = None) -> tuple[str, ...]:
+        """Withdraw the mounts of transfer segment `name` (just the one at `base` when given);
+        their replicas are dropped. The keys that lost their last replica."""
+        if not isinstance(name, str) or not (base is None or isinstance(base, int)):
+            raise InvalidParams("unmount_segment takes a segment name and an optional base")
+        with self._lock:
+            return tuple(self._lose(self._segments.unmount(name, base)))
+
+    def unmount_client(self, client_id: str) -> tuple[str, ...]:
+        """Withdraw every segment of `client_id` and forget the client; the keys lost."""
+        with self._lock:
+            self._clients.pop(client_id, None)
+            gone = self._segments.segments(client_id)
+            for s in gone:
+                self._segments.unmount(s.name, s.base)
+            return tuple(self._lose(gone))
+
+    def heartbeat(self, client_id: str) -> bool:
+        """Note that `client_id` is alive; False if the master does not know it (remount)."""
+        with self._lock:
+            if client_id not in self._clients:
+                return False
+            self._clients[client_id] = self.now()
+            return True
+
+    def tick(self) -> TickReport:
+        """Periodic housekeeping: drop silent clients, discard timed-out puts, evict above the
+        high watermark. Call it every second or so."""
+        with self._lock:
+            now = self.now()
+            dead = tuple(c for c, seen in self._clients.items() if seen + self.client_ttl <= now)
+            lost: list[str] = []
+            for c in dead:
+                lost.extend(self.unmount_client(c))
+            stale = tuple(k for k, m in self._objects.items()
+                          if m.put_deadline is not None and m.put_deadline <= now)
+            for k in stale:
+                self._drop(k)
+            return TickReport(dead, stale, tuple(lost), tuple(self._relieve(now)))
+
+    def register_existing(self, key: str, replicas: Sequence[Replica],
+                          config: ReplicateConfig | None = None) -> ObjectMeta:
+        """Re-announce complete replicas of `key` that a client still holds on its mounted
+        segments; they join what the master already knows of `key`. All or nothing."""
+        check_key(key)
+        reps = list(replicas)
+        if not reps or not all(isinstance(r, Replica) for r in reps):
+            raise InvalidParams("register_existing needs at least one Replica")
+        size = reps[0].size
+        if any(r.size != size for r in reps):
+            raise InvalidReplica(f"replicas of {key!r} disagree on its size")
+        if config is not None and not isinstance(config, ReplicateConfig):
+            raise InvalidParams(f"config must be a ReplicateConfig, not {type(config).__name__}")
+        with self._lock:
+            now = self.now()
+            self._expire_put(key, now)
+            meta = self._objects.get(key)
+            if meta is not None and (not meta.complete or meta.size != size):
+                raise ObjectAlreadyExists(f"object {key!r} exists with another size or is "
+                                          f"being put")
+            known = meta.replicas if meta is not None else ()
+            sums = {r.checksum for r in (*known, *reps) if r.checksum is not None}
+            if len(sums) > 1:
+                raise InvalidReplica(f"replicas of {key!r} disagree on the checksum")
+            taken = {r.segment: r.offset for r in known}
+            new: list[Replica] = []
+            try:
+                for r in reps:
+                    if taken.get(r.segment) == r.offset:
+                        continue
+                    if r.segment in taken:
+                        raise InvalidReplica(f"{key!r} already has a replica on {r.segment}")
+                    new.append(self._segments.claim(r))
+                    taken[r.segment] = r.offset
+            except StoreError:
+                self._segments.release_all(new)
+                raise
+            if meta is None:
+                meta = ObjectMeta(key, size, tuple(new), config or ReplicateConfig(), now, now)
+            else:
+                meta = replace(meta, replicas=meta.replicas + tuple(new))
+            return self._store(meta)
+
+    def segment_usage(self) -> list[tuple[Segment, int]]:
+        """Every mount with its allocated bytes."""
+        with self._lock:
+            return self._segments.usage()
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            tiers = {}
+            for tier in TIERS:
+                n, used, cap = self._segments.totals(tier)
+                objs = sum(1 for m in self._objects.values()
+                           if m.complete and any(r.tier == tier for r in m.replicas))
+                tiers[tier] = TierStats(n, objs, used, cap)
+            complete = sum(1 for m in self._objects.values() if m.complete)
+            return StoreStats(tiers, complete, len(self._objects) - complete,
+                              len(self._clients), **self._counts)

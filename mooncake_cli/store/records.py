@@ -1,0 +1,208 @@
+"""The store's plain records and the limits every request is checked against.
+
+Records are frozen dataclasses of plain values, so the RPC layer can serialise them as they are.
+Constructing one checks its fields and raises InvalidParams (or InvalidKey) on nonsense, so a
+malformed message turns into an error reply before it reaches the master's state.
+
+Limits:
+    MAX_KEY_BYTES    4096   a key is a non-empty str of at most this many UTF-8 bytes
+    MAX_OBJECT_SIZE  1 TiB  an object's size is an int in [1, MAX_OBJECT_SIZE]
+    MAX_REPLICAS     16     replica_num is in [1, MAX_REPLICAS]
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from mooncake_cli.store.errors import InvalidKey, InvalidParams
+
+MAX_KEY_BYTES = 4096
+MAX_OBJECT_SIZE = 1 << 40
+MAX_REPLICAS = 16
+
+Tier = Literal["dram", "ssd"]
+TIERS: tuple[Tier, ...] = ("dram", "ssd")
+
+
+def check_key(key: object) -> str:
+    """`key` itself when it is a valid object key; InvalidKey saying why otherwise."""
+    if not isinstance(key, str):
+        raise InvalidKey(f"key must be a string, not {type(key).__name__}")
+    if not key:
+        raise InvalidKey("key is empty")
+    try:
+        n = len(key.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidKey(f"key is not valid UTF-8: {e.reason}") from None
+    if n > MAX_KEY_BYTES:
+        raise InvalidKey(f"key is {n} bytes; the limit is {MAX_KEY_BYTES} UTF-8 bytes")
+    return key
+
+
+def check_size(size: object, what: str = "size") -> int:
+    """`size` when it is an int in [1, MAX_OBJECT_SIZE]; InvalidParams otherwise."""
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise InvalidParams(f"{what} must be an integer, not {type(size).__name__}")
+    if size <= 0:
+        raise InvalidParams(f"{what} {size} must be positive")
+    if size > MAX_OBJECT_SIZE:
+        raise InvalidParams(f"{what} {size} exceeds the limit of {MAX_OBJECT_SIZE} bytes")
+    return size
+
+
+def _check_int(value: object, what: str, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InvalidParams(f"{what} must be an integer >= {low}, got {value!r}")
+
+
+def check_tier(tier: object) -> None:
+    if tier not in TIERS:
+        raise InvalidParams(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidParams(f"{what} must be a non-empty string, got {name!r}")
+
+
+class ReplicaStatus(str, enum.Enum):
+    PENDING = "pending"  # allocated by put_start, being written
+    COMPLETE = "complete"  # put_end said the bytes are in place
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Memory a client contributes: bytes [base, base+size) of its transfer-engine segment `name`.
+
+    One client may mount several ranges of one transfer segment; each mount is identified by
+    (name, base) and ranges of one name never overlap.
+    """
+
+    name: str
+    client_id: str
+    host: str
+    base: int
+    size: int
+    tier: Tier = "dram"
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "segment name")
+        _check_name(self.client_id, "client id")
+        if not isinstance(self.host, str):
+            raise InvalidParams(f"host must be a string, got {self.host!r}")
+        _check_int(self.base, "segment base", 0)
+        _check_int(self.size, "segment size", 1)
+        check_tier(self.tier)
+
+    def holds(self, offset: int, size: int) -> bool:
+        """Whether [offset, offset+size) of the transfer segment lies inside this mount."""
+        return self.base <= offset and offset + size <= self.base + self.size
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One copy of an object: `size` bytes at `offset` of transfer segment `segment` on `host`.
+
+    `offset` is absolute in the transfer segment (the mount's base included), ready for a
+    transfer request. `checksum` is whatever the client computed (None until put_end gives one).
+    """
+
+    segment: str
+    offset: int
+    size: int
+    tier: Tier = "dram"
+    host: str = ""
+    checksum: str | None = None
+    status: ReplicaStatus = ReplicaStatus.PENDING
+
+    def __post_init__(self) -> None:
+        _check_name(self.segment, "replica segment")
+        _check_int(self.offset, "replica offset", 0)
+        check_size(self.size, "replica size")
+        check_tier(self.tier)
+        if self.checksum is not None and not isinstance(self.checksum, str):
+            raise InvalidParams(f"checksum must be a string, got {self.checksum!r}")
+        if not isinstance(self.status, ReplicaStatus):
+            try:
+                object.__setattr__(self, "status", ReplicaStatus(self.status))
+            except ValueError:
+                raise InvalidParams(f"replica status {self.status!r} is unknown") from None
+
+
+@dataclass(frozen=True)
+class ReplicateConfig:
+    """How a put is placed: replica count, a preferred segment (a hint), pins.
+
+    A hard-pinned object is never evicted; a soft-pinned one only after every unpinned one.
+    """
+
+    replica_num: int = 1
+    preferred_segment: str = ""
+    soft_pin: bool = False
+    hard_pin: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int(self.replica_num, "replica_num", 1)
+        if self.replica_num > MAX_REPLICAS:
+            raise InvalidParams(f"replica_num {self.replica_num} exceeds {MAX_REPLICAS}")
+        if not isinstance(self.preferred_segment, str):
+            raise InvalidParams("preferred_segment must be a string")
+        if not isinstance(self.soft_pin, bool) or not isinstance(self.hard_pin, bool):
+            raise InvalidParams("soft_pin and hard_pin must be booleans")
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """What the master knows of one key. `put_deadline` is None once the put has ended."""
+
+    key: str
+    size: int
+    replicas: tuple[Replica, ...]
+    config: ReplicateConfig
+    created: float
+    last_access: float
+    lease_until: float = 0.0
+    put_deadline: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.put_deadline is None
+
+    def leased(self, now: float) -> bool:
+        return self.lease_until > now
+
+
+@dataclass(frozen=True)
+class TierStats:
+    segments: int
+    objects: int  # objects with at least one complete replica on this tier
+    bytes_used: int  # allocated bytes (alignment included, pending puts included)
+    capacity: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """A snapshot for `stat` and /metrics; counters run from the master's start."""
+
+    tiers: Mapping[Tier, TierStats]
+    objects: int
+    pending: int
+    clients: int
+    hits: int
+    misses: int
+    evictions: int
+    puts: int
+    gets: int
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """What one `tick` did: clients declared dead, puts discarded, keys lost or evicted."""
+
+    dead_clients: tuple[str, ...] = ()
+    discarded_puts: tuple[str, ...] = ()
+    lost_keys: tuple[str, ...] = ()
+    evicted: tuple[str, ...] = ()

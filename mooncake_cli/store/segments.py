@@ -1,0 +1,165 @@
+"""The mounted segments, one allocator each, and replica placement across them.
+
+Placement puts the replicas of one object on distinct transfer segments (distinct processes),
+preferring distinct hosts, trying the preferred segment first and then the ones with the most
+free space. Not thread-safe: the master's lock guards it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT, Allocator
+from mooncake_cli.store.errors import InvalidReplica, SegmentAlreadyExists, SegmentNotFound
+from mooncake_cli.store.records import Replica, ReplicaStatus, Segment, Tier
+
+
+class _Mount:
+    __slots__ = ("segment", "alloc")
+
+    def __init__(self, segment: Segment, alignment: int) -> None:
+        self.segment = segment
+        self.alloc = Allocator(segment.size, alignment)
+
+
+class SegmentTable:
+    """Mounts keyed by (transfer segment name, base), grouped by name."""
+
+    def __init__(self, alignment: int = DEFAULT_ALIGNMENT) -> None:
+        self.alignment = alignment
+        self._by_name: dict[str, list[_Mount]] = {}
+
+    def mount(self, seg: Segment) -> bool:
+        """Add a mount; False if this very segment is already mounted (a harmless repeat)."""
+        mounts = self._by_name.get(seg.name, [])
+        for m in mounts:
+            if m.segment == seg:
+                return False
+            old = m.segment
+            if old.client_id != seg.client_id or old.host != seg.host:
+                raise SegmentAlreadyExists(
+                    f"segment {seg.name} is mounted by client {old.client_id} on {old.host}")
+            if seg.base < old.base + old.size and old.base < seg.base + seg.size:
+                raise SegmentAlreadyExists(
+                    f"segment {seg.name} range [{seg.base}, {seg.base + seg.size}) overlaps "
+                    f"the mount at base {old.base}")
+        self._by_name.setdefault(seg.name, []).append(_Mount(seg, self.alignment))
+        return True
+
+    def unmount(self, name: str, base: int | None = None) -> list[Segment]:
+        """Remove the mounts of `name` (only the one at `base` when given); what was removed."""
+        mounts = self._by_name.get(name, [])
+        gone = [m for m in mounts if base is None or m.segment.base == base]
+        if not gone:
+            where = "" if base is None else f" at base {base}"
+            raise SegmentNotFound(f"segment {name}{where} is not mounted")
+        kept = [m for m in mounts if m not in gone]
+        if kept:
+            self._by_name[name] = kept
+        else:
+            del self._by_name[name]
+        return [m.segment for m in gone]
+
+    def segments(self, client_id: str | None = None) -> list[Segment]:
+        return [m.segment for m in self._mounts()
+                if client_id is None or m.segment.client_id == client_id]
+
+    def usage(self) -> list[tuple[Segment, int]]:
+        """(segment, allocated bytes) of every mount."""
+        return [(m.segment, m.alloc.used) for m in self._mounts()]
+
+    def totals(self, tier: Tier) -> tuple[int, int, int]:
+        """(mounts, used bytes, capacity) over every mount of `tier`."""
+        ms = [m for m in self._mounts() if m.segment.tier == tier]
+        return len(ms), sum(m.alloc.used for m in ms), sum(m.alloc.capacity for m in ms)
+
+    def fitting(self, size: int, tier: Tier) -> int:
+        """How many distinct segments have a `tier` mount large enough for `size` bytes."""
+        need = self.aligned(size)
+        return sum(1 for ms in self._by_name.values()
+                   if any(m.segment.tier == tier and m.alloc.capacity >= need for m in ms))
+
+    def _mounts(self) -> Iterator[_Mount]:
+        for ms in self._by_name.values():
+            yield from ms
+
+    def _find(self, r: Replica) -> _Mount | None:
+        for m in self._by_name.get(r.segment, ()):
+            if m.segment.holds(r.offset, r.size):
+                return m
+        return None
+
+    def locate(self, r: Replica) -> Segment | None:
+        """The mount holding replica `r`, None if its segment is gone."""
+        m = self._find(r)
+        return m.segment if m is not None else None
+
+    def aligned(self, size: int) -> int:
+        return -(-size // self.alignment) * self.alignment
+
+    def allocate(self, size: int, n: int, tier: Tier, preferred: str = "") -> list[Replica]:
+        """`n` pending replicas of `size` bytes on distinct segments, or [] (nothing held)."""
+        candidates = []
+        for name, ms in self._by_name.items():
+            mounts = [m for m in ms if m.segment.tier == tier
+                      and m.alloc.capacity >= self.aligned(size)]
+            if mounts:
+                room = sum(m.alloc.free_bytes for m in mounts)
+                candidates.append((name != preferred, -room, name, mounts))
+        candidates.sort(key=lambda c: c[:3])
+        chosen: list[Replica] = []
+        used_names: set[str] = set()
+        used_hosts: set[str] = set()
+        for distinct_hosts in (True, False):
+            for _, _, name, mounts in candidates:
+                if len(chosen) == n:
+                    break
+                host = mounts[0].segment.host
+                if name in used_names or (distinct_hosts and host in used_hosts):
+                    continue
+                r = self._alloc_on(mounts, size)
+                if r is not None:
+                    chosen.append(r)
+                    used_names.add(name)
+                    used_hosts.add(host)
+        if len(chosen) < n:
+            self.release_all(chosen)
+            return []
+        return chosen
+
+    def _alloc_on(self, mounts: list[_Mount], size: int) -> Replica | None:
+        for m in sorted(mounts, key=lambda m: -m.alloc.free_bytes):
+            off = m.alloc.alloc(size)
+            if off is not None:
+                s = m.segment
+                return Replica(s.name, s.base + off, size, s.tier, s.host)
+        return None
+
+    def release(self, r: Replica) -> int:
+        """Free replica `r`'s block; its aligned length, 0 if its segment is already gone."""
+        m = self._find(r)
+        if m is None or m.alloc.size_of(r.offset - m.segment.base) is None:
+            return 0
+        return m.alloc.free(r.offset - m.segment.base)
+
+    def release_all(self, replicas: list[Replica] | tuple[Replica, ...]) -> int:
+        return sum(self.release(r) for r in replicas)
+
+    def claim(self, r: Replica) -> Replica:
+        """Reserve the block a re-registered replica occupies; the replica as the master keeps it
+        (complete, host and tier from the mount). SegmentNotFound / InvalidReplica on conflict."""
+        m = self._find(r)
+        if m is None:
+            raise SegmentNotFound(f"no mounted segment {r.segment} holds "
+                                  f"[{r.offset}, {r.offset + r.size})")
+        if m.segment.tier != r.tier:
+            raise InvalidReplica(f"replica on {r.segment} says tier {r.tier}, the mount is "
+                                 f"{m.segment.tier}")
+        rel = r.offset - m.segment.base
+        if rel % self.alignment or rel + self.aligned(r.size) > m.alloc.capacity:
+            raise InvalidReplica(f"replica at {r.offset} on {r.segment} is not aligned to "
+                                 f"{self.alignment} or overruns the segment")
+        if not m.alloc.reserve(rel, r.size):
+            raise InvalidReplica(f"replica at {r.offset} on {r.segment} overlaps another object")
+        return Replica(r.segment, r.offset, r.size, m.segment.tier, m.segment.host, r.checksum,
+                       ReplicaStatus.COMPLETE)

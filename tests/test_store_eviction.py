@@ -1,0 +1,162 @@
+"""Eviction: LRU order, the high watermark under a 2x-capacity fill, leases, hard and soft pins,
+eviction on a failed allocation, and tiers (only DRAM replicas are evicted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mooncake_cli.store import Replica, ReplicateConfig, Segment, StoreMaster
+from mooncake_cli.store.errors import NoAvailableHandle
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 50.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+def make(clock: FakeClock, size: int = 100 * KiB, n: int = 1, **kw: float) -> StoreMaster:
+    m = StoreMaster(now=clock, lease_ttl=5.0, **kw)  # type: ignore[arg-type]
+    for i in range(n):
+        m.mount_segment(Segment(f"s{i}", f"c{i}", f"h{i}", 0, size))
+    return m
+
+
+def put(m: StoreMaster, key: str, size: int, **cfg: object) -> None:
+    m.put_start(key, size, ReplicateConfig(**cfg))  # type: ignore[arg-type]
+    m.put_end(key)
+
+
+def test_least_recently_used_goes_first() -> None:
+    clock = FakeClock()
+    m = make(clock)
+    for i in range(10):  # 80 KiB of 100: under the watermark
+        put(m, f"k{i}", 8 * KiB)
+        clock.advance(1)
+    m.get_replica_list("k0")
+    clock.advance(6)  # the lease is over; k0 stays the most recently used
+    assert m.evict() == ["k1"]  # 5% of 100 KiB is one 8 KiB object
+    assert m.evict(20 * KiB) == ["k2", "k3", "k4"]
+    assert m.exists("k0") and m.stats().evictions == 4
+
+
+def test_fill_to_twice_capacity_respects_watermark_leases_and_pins() -> None:
+    clock = FakeClock()
+    m = make(clock, size=1 * MiB, n=3)
+    cap = m.stats().tiers["dram"].capacity
+    lease_until: dict[str, float] = {}
+    kind: dict[str, str] = {}  # hard + soft pins alone come to more than the capacity
+    present: set[str] = set()
+    evicted: list[str] = []
+    size = 64 * KiB
+    for i in range(2 * cap // size):
+        key = f"obj{i:03d}"
+        kind[key] = "hard" if i % 7 == 0 else "soft" if i % 2 == 0 else "plain"
+        m.put_start(key, size, ReplicateConfig(hard_pin=kind[key] == "hard",
+                                               soft_pin=kind[key] == "soft"))
+        assert m.stats().tiers["dram"].bytes_used <= 0.90 * cap
+        m.put_end(key)
+        if i % 4 == 0:
+            m.get_replica_list(key)
+            lease_until[key] = clock.t + 5.0
+        gone = present - set(m.list())
+        evicted += gone
+        for g in gone:
+            assert kind[g] != "hard", f"hard-pinned {g} was evicted"
+            assert lease_until.get(g, 0) <= clock.t, f"leased {g} was evicted"
+        if any(kind[g] == "soft" for g in gone):  # soft-pinned only once no plain one is left
+            plain_left = [k for k in m.list() if kind[k] == "plain" and k != key
+                          and lease_until.get(k, 0) <= clock.t]
+            assert plain_left == []
+        present = set(m.list())
+        clock.advance(0.25)
+    s = m.stats()
+    assert s.evictions == len(evicted) and s.puts == 2 * cap // size
+    assert {kind[k] for k in evicted} == {"plain", "soft"}
+    assert all(k in present for k, v in kind.items() if v == "hard")
+    assert s.tiers["dram"].bytes_used <= 0.90 * cap
+
+
+def test_soft_pinned_are_evicted_last() -> None:
+    clock = FakeClock()
+    m = make(clock, high_watermark=1.0)
+    put(m, "soft-old", 8 * KiB, soft_pin=True)
+    for i in range(5):
+        put(m, f"plain{i}", 8 * KiB)
+    assert m.evict(40 * KiB) == [f"plain{i}" for i in range(5)]
+    assert m.evict(1) == ["soft-old"]
+
+
+def test_failed_allocation_evicts_then_retries_once() -> None:
+    clock = FakeClock()
+    m = make(clock, high_watermark=1.0)  # never relieved early: only a failed put evicts
+    for i in range(10):
+        put(m, f"k{i}", 10 * KiB)
+    assert m.stats().tiers["dram"].bytes_used == 100 * KiB
+    m.put_start("new", 15 * KiB)
+    assert not m.exists("k0") and not m.exists("k1") and m.exists("k2")
+    assert m.stats().evictions == 2
+
+
+def test_nothing_evictable_means_no_room() -> None:
+    clock = FakeClock()
+    m = make(clock, high_watermark=1.0)
+    for i in range(5):
+        put(m, f"leased{i}", 10 * KiB)
+        m.exists(f"leased{i}")
+    for i in range(4):
+        put(m, f"hard{i}", 10 * KiB, hard_pin=True)
+    m.put_start("pending", 10 * KiB)
+    with pytest.raises(NoAvailableHandle):
+        m.put_start("one-too-many", 10 * KiB)
+    assert m.stats().evictions == 0 and len(m.list()) == 9
+    clock.advance(5.1)  # leases over: now the leased ones can go
+    m.put_start("one-too-many", 10 * KiB)
+    assert m.stats().evictions == 1 and not m.exists("leased0")
+
+
+def test_eviction_drops_only_dram_replicas() -> None:
+    clock = FakeClock()
+    m = make(clock, high_watermark=1.0)
+    m.mount_segment(Segment("disk", "c9", "h9", 0, MiB, tier="ssd"))
+    m.register_existing("both", [Replica("s0", 0, 8 * KiB), Replica("disk", 0, 8 * KiB, "ssd")])
+    put(m, "dram-only", 8 * KiB)
+    assert m.evict(16 * KiB) == ["both", "dram-only"]
+    assert [r.tier for r in m.get_replica_list("both")] == ["ssd"]
+    assert not m.exists("dram-only")
+    s = m.stats()
+    assert s.tiers["dram"].bytes_used == 0 and s.tiers["ssd"].objects == 1
+
+
+def test_ssd_tier_puts_never_evict() -> None:
+    clock = FakeClock()
+    m = make(clock)
+    m.mount_segment(Segment("disk", "c9", "h9", 0, 64 * KiB, tier="ssd"))
+    reps = m.put_start("cold", 60 * KiB, tier="ssd")
+    assert reps[0].tier == "ssd" and reps[0].segment == "disk"
+    m.put_end("cold")
+    with pytest.raises(NoAvailableHandle):
+        m.put_start("colder", 8 * KiB, tier="ssd")
+    assert m.exists("cold") and m.stats().evictions == 0
+
+
+def test_tick_relieves_once_leases_expire() -> None:
+    clock = FakeClock()
+    m = make(clock)
+    for i in range(12):  # 96 KiB of 100: every object leased, so put_start cannot relieve
+        put(m, f"k{i}", 8 * KiB)
+        m.exists(f"k{i}")
+    assert m.stats().tiers["dram"].bytes_used == 96 * KiB
+    assert m.tick().evicted == ()
+    clock.advance(5.1)
+    m.heartbeat("c0")
+    report = m.tick()
+    assert report.evicted == ("k0",) and report.dead_clients == ()
+    assert m.stats().tiers["dram"].bytes_used <= 0.90 * 100 * KiB
