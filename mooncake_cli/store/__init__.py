@@ -1,4 +1,8 @@
-"""Mooncake Store: the master's metadata/allocation/lease/eviction logic (network-free)."""
+"""Mooncake Store: the master's metadata/allocation/lease/eviction logic (network-free), its RPC
+service (service.MasterService) and the client (client.StoreClient, imported on first use)."""
+
+from types import MappingProxyType
+from typing import Any
 
 from mooncake_cli.store.errors import ErrorCode, StoreError, error_from_code
 from mooncake_cli.store.master import StoreMaster
@@ -21,3 +25,15 @@ __all__ = [
     "ReplicaStatus", "ReplicateConfig", "Segment", "StoreError", "StoreMaster", "StoreStats",
     "TickReport", "TierStats", "error_from_code",
 ]
+
+
+_LAZY = MappingProxyType({"StoreClient": "client", "MasterService": "service",
+                          "StoreConfig": "config"})
+
+
+def __getattr__(name: str) -> Any:  # the networked parts load pyzmq and the engine: on demand
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"mooncake_cli.store.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'mooncake_cli.store' has no attribute {name!r}")

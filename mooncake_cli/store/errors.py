@@ -20,11 +20,14 @@ are written from memory of upstream's header (the wheel ships no header to check
     -704   OBJECT_NOT_FOUND               no such key (or its put timed out)
     -705   OBJECT_ALREADY_EXISTS          put_start of a key that exists or is being put
     -706   OBJECT_HAS_LEASE               remove of a leased object without force
+    -10    BUFFER_OVERFLOW                (client) get_into a buffer smaller than the object
+    -701   INVALID_READ                   (client) every replica read failed its checksum
+    -800   TRANSFER_FAIL                  (client) no replica could be written or read
+    -900   RPC_FAIL                       (client) the master is silent, or a MAC is bad
 
-Other upstream codes kept for the wire: -10 BUFFER_OVERFLOW, -100 SHARD_INDEX_OUT_OF_RANGE,
--300 INVALID_VERSION, -500 WRITE_FAIL, -701 INVALID_READ, -707 LEASE_EXPIRED, -800 TRANSFER_FAIL,
--900 RPC_FAIL, -1000..-1003 ETCD_*, -1010/-1011 UNAVAILABLE_IN_CURRENT_STATUS/MODE,
--1100..-1106 FILE_*.
+Other upstream codes kept for the wire: -100 SHARD_INDEX_OUT_OF_RANGE, -300 INVALID_VERSION,
+-500 WRITE_FAIL, -707 LEASE_EXPIRED, -1000..-1003 ETCD_*, -1010/-1011
+UNAVAILABLE_IN_CURRENT_STATUS/MODE, -1100..-1106 FILE_*.
 """
 
 from __future__ import annotations
@@ -129,6 +132,28 @@ class ObjectHasLease(StoreError):
     code = ErrorCode.OBJECT_HAS_LEASE
 
 
+class BufferOverflow(StoreError):
+    """get_into was given a buffer smaller than the object."""
+
+    code = ErrorCode.BUFFER_OVERFLOW
+
+
+class ChecksumMismatch(StoreError):
+    """Every replica read failed its checksum (a client never returns such bytes)."""
+
+    code = ErrorCode.INVALID_READ
+
+
+class TransferFailed(StoreError):
+    code = ErrorCode.TRANSFER_FAIL
+
+
+class RpcFailed(StoreError):
+    """The master did not answer in time, or answered something unreadable."""
+
+    code = ErrorCode.RPC_FAIL
+
+
 _BY_CODE: Mapping[ErrorCode, type[StoreError]] = MappingProxyType({
     cls.code: cls for cls in (SegmentNotFound, SegmentAlreadyExists, NoAvailableHandle,
                               InvalidKey, InvalidParams, InvalidWrite, InvalidReplica,
@@ -138,7 +163,8 @@ _BY_CODE: Mapping[ErrorCode, type[StoreError]] = MappingProxyType({
 
 
 def error_from_code(code: int, message: str = "") -> StoreError:
-    """The exception for a code received over the wire (its subclass when there is one)."""
+    """The exception for a code received over the wire (its subclass when there is one; the
+    client-side ones above, BufferOverflow and after, never cross the wire)."""
     try:
         ec = ErrorCode(code)
     except ValueError:

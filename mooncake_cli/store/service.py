@@ -1,0 +1,173 @@
+"""The master's RPC service: a zmq ROUTER socket answering `protocol` requests, plus a ticker.
+
+    service = MasterService(StoreMaster(), port=50051, secret="s3cret")
+    ...
+    service.close()
+
+`python -m mooncake_cli.store.service --port P [--host H] [--secret S] [--client-ttl T ...]`
+prints one JSON line {"event": "ready", "address": "H:P"} and serves until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+import zmq
+
+from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.store import protocol
+from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.master import StoreMaster
+
+log = logging.getLogger("mooncake.store")
+
+
+class MasterService:
+    """Serves `master` on tcp://host:port (port 0 picks a free one; see `.address`)."""
+
+    def __init__(self, master: StoreMaster, host: str = "127.0.0.1", port: int = 50051,
+                 secret: str | None = None, tick_interval: float = 1.0) -> None:
+        self.master = master
+        self._secret = secret.encode() if secret else None
+        self._tick_interval = tick_interval
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
+        try:
+            if port == 0:
+                self.port = self._sock.bind_to_random_port(f"tcp://{host}")
+            else:
+                self._sock.bind(f"tcp://{host}:{port}")
+                self.port = port
+        except zmq.ZMQError as e:
+            self._sock.close()
+            self._ctx.term()
+            raise StoreError(f"cannot listen on {host}:{port}: {e}", ErrorCode.RPC_FAIL) from e
+        self.address = f"{host}:{self.port}"
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._serve, name="mooncake-store-rpc",
+                                          daemon=True),
+                         threading.Thread(target=self._tick, name="mooncake-store-tick",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # -- serving ---------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(100):
+                continue
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                continue
+            ident, rest = frames[:1], frames[1:]
+            delim = [b""] if len(rest) > 1 and rest[0] == b"" else []  # a REQ peer's
+            body = self.handle(rest[len(delim):])
+            out = [*ident, *delim, body]
+            if self._secret is not None:
+                out.append(protocol.mac(self._secret, body))
+            try:
+                self._sock.send_multipart(out, zmq.NOBLOCK)
+            except zmq.ZMQError as e:  # the peer went away: nothing to answer
+                log.debug("reply dropped: %s", e)
+
+    def handle(self, frames: list[bytes]) -> bytes:
+        """The encoded reply to one request ([body] or [body, mac]); never raises."""
+        try:
+            if len(frames) not in (1, 2):
+                raise StoreError(f"a request is 1 or 2 frames, not {len(frames)}",
+                                 ErrorCode.INVALID_PARAMS)
+            body = frames[0]
+            if self._secret is not None and (
+                    len(frames) != 2 or not protocol.mac_ok(self._secret, body, frames[1])):
+                raise StoreError("request refused: missing or bad MAC (wrong secret?)",
+                                 ErrorCode.RPC_FAIL)
+            reply = protocol.run(self.master, protocol.decode_request(body))
+        except StoreError as e:
+            reply = protocol.error(e)
+        except Exception as e:  # a bug must not take the master down
+            log.exception("store request failed")
+            reply = protocol.error(StoreError(f"internal error: {type(e).__name__}: {e}"))
+        return protocol.encode(reply)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self._tick_interval):
+            try:
+                report = self.master.tick()
+            except Exception:
+                log.exception("store tick failed")
+                continue
+            if report.dead_clients:
+                log.info("clients gone: %s (%d keys lost)", ", ".join(report.dead_clients),
+                         len(report.lost_keys))
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._sock.close()
+        self._ctx.term()
+
+    def __enter__(self) -> MasterService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mooncake_cli.config import load
+    from mooncake_cli.store.config import StoreConfig
+
+    ap = argparse.ArgumentParser(prog="python -m mooncake_cli.store.service")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--host")
+    ap.add_argument("--secret")
+    ap.add_argument("--config", help="TOML file with a [store] table")
+    for name in ("lease-ttl", "put-timeout", "client-ttl", "high-watermark", "eviction-ratio"):
+        ap.add_argument(f"--{name}", type=float)
+    args = vars(ap.parse_args(argv))
+    file = args.pop("config")
+    try:
+        cfg = load(StoreConfig, "store", file, **args)
+        master = StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
+                             client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
+                             eviction_ratio=cfg.eviction_ratio)
+    except MooncakeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        service = MasterService(master, cfg.host, cfg.port, cfg.secret or None)
+    except StoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"event": "ready", "address": service.address}), flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        service.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""StoreClient against a real master process, with clients in this process and in another:
+round trips, replica placement, zero-copy reads, checksums, a killed client, a restarted
+master."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import free_port, wait_for
+from helpers.store_node import value
+from helpers.store_procs import Proc, start_master, start_node
+
+from mooncake_cli.store import ErrorCode, Replica, ReplicateConfig, StoreError
+from mooncake_cli.store import protocol as p
+from mooncake_cli.store.client import StoreClient
+from mooncake_cli.store.errors import ChecksumMismatch, ObjectNotFound
+
+pytestmark = pytest.mark.timeout(60)
+MiB = 1 << 20
+
+
+@pytest.fixture
+def master() -> Iterator[Proc]:
+    m = start_master(free_port(), "--client-ttl", "2")
+    yield m
+    assert m.stop() == 0
+
+
+@pytest.fixture
+def nodes(master: Proc) -> Iterator[Callable[..., Proc]]:
+    started: list[Proc] = []
+
+    def start(**kw: Any) -> Proc:
+        started.append(start_node(master.ready["address"], **kw))
+        return started[-1]
+
+    yield start
+    for n in started:
+        n.stop()
+
+
+@pytest.fixture
+def client(master: Proc, make_engine: Callable[..., Any]) -> Iterator[Callable[..., StoreClient]]:
+    made: list[StoreClient] = []
+
+    def make(segment_size: int = 16 * MiB, **kw: Any) -> StoreClient:
+        made.append(StoreClient(master.ready["address"], make_engine(timeout=3), segment_size,
+                                **kw))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def replicas(c: StoreClient, key: str) -> list[Replica]:
+    return list(c._rpc.call(p.GetReplicaList(key), list[Replica]))
+
+
+def corrupt(holder: StoreClient, r: Replica, at: int = 0) -> None:
+    """Flip a byte of replica `r` straight in the holding client's memory."""
+    assert holder.region is not None and holder.region.view is not None
+    holder.region.view[r.offset - holder.region.base + at] ^= 0xFF
+
+
+def test_round_trips_of_random_sizes(client: Callable[..., StoreClient]) -> None:
+    a, b = client(), client()
+    rng = random.Random(7)
+    sizes = [1, 63, 64, 4095, 4096, 65537, *(rng.randrange(1, 3 * MiB) for _ in range(8))]
+    for i, n in enumerate(sizes):
+        data = os.urandom(n)
+        (a if i % 2 else b).put(f"k{i}", data, ReplicateConfig(replica_num=1 + i % 2))
+        assert a.get(f"k{i}") == data and b.get(f"k{i}") == data
+        assert a.size(f"k{i}") == n and b.exists(f"k{i}")
+    assert a.list("k1") == sorted(k for k in (f"k{i}" for i in range(len(sizes)))
+                                  if k.startswith("k1"))
+    errors = a.batch_put(["b0", "b1", "k0"], [b"x" * 10, bytearray(b"y" * 20), b"z"])
+    assert errors[:2] == [None, None]
+    assert isinstance(errors[2], StoreError) and errors[2].code == ErrorCode.OBJECT_ALREADY_EXISTS
+    got = b.batch_get(["b0", "b1", "nope"])
+    assert got[:2] == [b"x" * 10, b"y" * 20] and isinstance(got[2], ObjectNotFound)
+    with pytest.raises(StoreError) as e:  # just read: leased
+        a.remove("b0")
+    assert e.value.code == ErrorCode.OBJECT_HAS_LEASE
+    a.remove("b0", force=True)
+    assert not b.exists("b0")
+
+
+def test_replicas_land_on_distinct_segments(client: Callable[..., StoreClient]) -> None:
+    a, b = client(), client()
+    a.put("two", b"v" * 1000, ReplicateConfig(replica_num=2))
+    segs = [r.segment for r in replicas(a, "two")]
+    assert sorted(segs) == sorted([a.engine.name, b.engine.name])
+    with pytest.raises(StoreError) as e:
+        a.put("three", b"v", ReplicateConfig(replica_num=3))
+    assert e.value.code == ErrorCode.NO_AVAILABLE_HANDLE
+
+
+def test_get_into_numpy_and_torch(client: Callable[..., StoreClient]) -> None:
+    a, b = client(), client()
+    data = os.urandom(3 * MiB + 5)
+    a.put("t", data, ReplicateConfig(preferred_segment=a.engine.name))
+    arr = np.zeros(4 * MiB, dtype=np.uint8)
+    assert b.get_into("t", arr) == len(data) and arr[:len(data)].tobytes() == data
+    ten = torch.zeros(len(data), dtype=torch.uint8)
+    assert a.get_into("t", ten) == len(data) and ten.numpy().tobytes() == data
+    with pytest.raises(StoreError) as e:
+        b.get_into("t", bytearray(10))
+    assert e.value.code == ErrorCode.BUFFER_OVERFLOW
+    b.put("from-tensor", torch.arange(256, dtype=torch.uint8))
+    assert a.get("from-tensor") == bytes(range(256))
+
+
+def test_missing_key(client: Callable[..., StoreClient]) -> None:
+    a = client()
+    for op in (lambda: a.get("nope"), lambda: a.get_into("nope", bytearray(8)),
+               lambda: a.size("nope"), lambda: a.remove("nope")):
+        with pytest.raises(ObjectNotFound) as e:
+            op()
+        assert e.value.code == -704
+    assert not a.exists("nope")
+
+
+def test_replicas_in_another_process(client: Callable[..., StoreClient],
+                                     nodes: Callable[..., Proc]) -> None:
+    a, node = client(), nodes()
+    seg = node.ready["segment"]
+    data = os.urandom(5 * MiB + 3)
+    a.put("remote", data, ReplicateConfig(preferred_segment=seg))
+    assert [r.segment for r in replicas(a, "remote")] == [seg]
+    assert a.get("remote") == data  # read from the other process
+    assert node.ask(cmd="get", key="remote", size=len(data), seed=0)["ok"]
+    assert node.ask(cmd="put", key="n", size=MiB + 7, seed=3, replicas=2) == {"ok": True}
+    assert {r.segment for r in replicas(a, "n")} == {seg, a.engine.name}
+    assert a.get("n") == value(3, MiB + 7)
+    assert node.ask(cmd="put", key="na", size=999, seed=4, preferred=a.engine.name)["ok"]
+    assert node.ask(cmd="get", key="na", size=999, seed=4) == {"ok": True, "match": True}
+
+
+def test_checksum_catches_a_flipped_byte(client: Callable[..., StoreClient]) -> None:
+    a, b = client(), client()
+    data = os.urandom(100_000)
+    a.put("k", data, ReplicateConfig(replica_num=2))
+    mine = next(r for r in replicas(a, "k") if r.segment == a.engine.name)
+    corrupt(a, mine, 777)
+    assert a.get("k") == data  # its own replica is bad: the other one is served
+    assert b.get("k") == data
+    a.put("one", data, ReplicateConfig(preferred_segment=a.engine.name))
+    corrupt(a, replicas(a, "one")[0], 99_999)
+    for c in (a, b):
+        with pytest.raises(ChecksumMismatch):
+            c.get("one")
+        with pytest.raises(ChecksumMismatch):
+            c.get_into("one", bytearray(len(data)))
+
+
+def test_killed_client(client: Callable[..., StoreClient], nodes: Callable[..., Proc]) -> None:
+    a, node = client(), nodes()
+    b = client(0)  # contributes nothing: every read is remote
+    seg = node.ready["segment"]
+    both, only = os.urandom(300_000), os.urandom(200_000)
+    a.put("both", both, ReplicateConfig(replica_num=2))
+    a.put("only", only, ReplicateConfig(preferred_segment=seg))
+    node.kill()
+    for _ in range(3):  # before the TTL: a surviving replica, or a clean error
+        t = time.monotonic()
+        assert b.get("both") == both
+        try:
+            assert b.get("only") == only  # the dead process's shm may still be readable
+        except StoreError:
+            pass
+        assert time.monotonic() - t < 8
+    wait_for(lambda: not a.exists("only"), 10, 0.2, "the dead client's objects to go")
+    with pytest.raises(ObjectNotFound):
+        b.get("only")
+    assert [r.segment for r in replicas(b, "both")] == [a.engine.name]
+    assert b.get("both") == both
+
+
+def test_restarted_master_relearns_objects(make_engine: Callable[..., Any]) -> None:
+    port = free_port()
+    m = start_master(port)
+    c = StoreClient(m.ready["address"], make_engine(), 4 * MiB, heartbeat=0.2, timeout=1)
+    try:
+        c.put("kept", b"still here" * 100)
+        assert m.stop() == 0
+        m = start_master(port)
+        wait_for(lambda: _exists(c, "kept"), 10, 0.1, "the client to re-register its objects")
+        assert c.get("kept") == b"still here" * 100
+    finally:
+        c.close()
+        m.stop()
+
+
+def _exists(c: StoreClient, key: str) -> bool:
+    try:
+        return c.exists(key)
+    except StoreError:
+        return False
