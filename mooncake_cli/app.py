@@ -21,6 +21,7 @@ from mooncake_cli.interfaces import (
     TransferError,
 )
 from mooncake_cli.output import Out
+from mooncake_cli.store.errors import StoreError
 
 try:  # typer >= 0.24 vendors click: its exceptions no longer derive from click's
     from typer.exceptions import TyperException as _ClickBase
@@ -35,6 +36,7 @@ EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (PluginError, 3),
     (MetadataError, 4),
     (TransferError, 5),
+    (StoreError, 7),
     (MooncakeError, 1),
     (OSError, 6),
 ]
@@ -88,7 +90,8 @@ def _version(value: bool) -> None:
 def root(
     ctx: typer.Context,
     config: str = typer.Option(None, "--config", metavar="FILE",
-                               help="TOML file with one table per role ([transfer], [bench])."),
+                               help="TOML file with one table per role "
+                                    "([transfer], [store], [bench])."),
     json_: bool = typer.Option(False, "--json", help="Machine-readable JSON output."),
     log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL",
                                   help="debug, info, warning or error (debug shows tracebacks)."),
@@ -107,10 +110,11 @@ def root(
 
 
 def _register() -> None:
-    from mooncake_cli.commands import bench, plugins, transfer
+    from mooncake_cli.commands import bench, plugins, store, transfer
 
     app.command("plugins")(plugins.plugins)
     app.add_typer(transfer.app, name="transfer")
+    app.add_typer(store.app, name="store")
     app.add_typer(bench.app, name="bench")
 
 

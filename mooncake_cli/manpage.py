@@ -224,6 +224,9 @@ def config_classes() -> list[tuple[str, type]]:
         if (inspect.isclass(obj) and dataclasses.is_dataclass(obj) and name.endswith("Config")
                 and obj.__module__ == config_module.__name__):
             out.append((name[: -len("Config")].lower(), obj))
+    from mooncake_cli.store.config import StoreConfig  # lives with the store
+
+    out.append(("store", StoreConfig))
     return out
 
 
@@ -330,7 +333,7 @@ def root_page(root: Any, ctx: Any, pages: list[str]) -> str:
               esc("Comma-separated plugin names to load, e.g. tcp,shm; it restricts only the "
                   "entry-point groups it names a plugin of. See mooncake-plugins(1)."),
               ".TP", bold("MOONCAKE_SECRET"),
-              esc("Shared secret for transfer connections, as --secret."),
+              esc("Shared secret for transfer connections and store requests, as --secret."),
               ".TP", bold("MOONCAKE_<FIELD>"),
               esc("Overrides FIELD of the config tables below (above the file, below flags), "
                   "e.g. MOONCAKE_METADATA=http://127.0.0.1:8080/metadata or "

@@ -69,6 +69,37 @@ PROSE: dict[str, dict[str, Any]] = {
              "MOONCAKE_SECRET=s3cret mooncake transfer serve --buffer-size 64MiB"),
         ],
     },
+    "store": {
+        "description": [
+            "Mooncake Store pools the DRAM of many processes into one key/value cache of "
+            "objects (KV blocks). master runs the metadata service: it tracks mounted segments, "
+            "allocates replicas on distinct segments, grants leases on get and evicts by LRU "
+            "above the high watermark. serve runs a node that contributes a DRAM segment of "
+            "--segment-size through a transfer engine and stays up until Ctrl-C or SIGTERM; "
+            "the master drops its replicas when it stops or falls silent past the client TTL.",
+            "put, get, rm, ls and stat are short-lived clients that contribute no memory: "
+            "they reach the master given by --master (HOST:PORT, default 127.0.0.1:50051) and "
+            "move object bytes over the transfer engine. A get leases the object for the "
+            "master's lease TTL, and rm of a leased object fails unless --force is given. "
+            "ls and stat print tables, or JSON with --json.",
+            "With --secret (or MOONCAKE_SECRET) every request to the master carries an "
+            "HMAC-SHA256 of that secret, and the node's transfer engine requires it too. "
+            "Store errors (no such key, no space, master unreachable, wrong secret) exit "
+            "with status 7.",
+        ],
+        "examples": [
+            ("Run a master and a node contributing 1 GiB of DRAM:",
+             "mooncake store master --port 50051"),
+            (None, "mooncake store serve --master 127.0.0.1:50051 --segment-size 1GiB"),
+            ("Store a file with two replicas, list keys, read it back:",
+             "mooncake store put --replicas 2 prefix/key file"),
+            (None, "mooncake store ls prefix/"),
+            (None, "mooncake store get prefix/key -o copy"),
+            ("Usage per tier as JSON, then remove the object:",
+             "mooncake --json store stat"),
+            (None, "mooncake store rm prefix/key"),
+        ],
+    },
     "bench": {
         "description": [
             "Benchmarks measure each layer against its peer or physical limit and report "
@@ -106,6 +137,8 @@ EXIT_PROSE = {
                      "or looked up (for example the metadata server is unreachable)",
     "TransferError": "a transfer failed: target segment not found or unreachable, secret "
                      "refused, out of bounds, peer died, timeout",
+    "StoreError": "a store operation failed: no such key, key exists or is leased, no space, "
+                  "the master is unreachable or refused the secret",
     "MooncakeError": "any other Mooncake error",
     "OSError": "an operating-system error (file, socket, shared memory)",
 }
@@ -114,7 +147,10 @@ METAVARS = {"buffer_size": "SIZE", "length": "SIZE", "block_size": "SIZE", "meta
             "port": "PORT", "secret": "SECRET", "timeout": "SECONDS", "duration": "SECONDS",
             "output": "FILE", "file": "FILE", "group": "GROUP", "path": "PATH",
             "offset": "BYTES", "connections": "N", "threads": "N", "batch_size": "N",
-            "sweep": "SIZES"}
+            "sweep": "SIZES", "master": "HOST:PORT", "segment_size": "SIZE", "key": "KEY",
+            "prefix": "PREFIX", "replicas": "N", "lease_ttl": "SECONDS",
+            "put_timeout": "SECONDS", "client_ttl": "SECONDS", "high_watermark": "RATIO",
+            "eviction_ratio": "RATIO"}
 # Config fields whose source comment does not read well on its own (others use the comment).
 FIELD_PROSE = {
     "port": "listen port; 0 picks a free port",

@@ -204,3 +204,12 @@ def _exists(c: StoreClient, key: str) -> bool:
         return c.exists(key)
     except StoreError:
         return False
+
+
+@pytest.mark.parametrize("address", ["nohost:abc", "bad host:1", "no-port"])
+def test_malformed_master_address_fails_at_once(address: str, make_engine) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        StoreClient(address, make_engine(), 0, timeout=1.0)
+    assert info.value.code == ErrorCode.RPC_FAIL
+    assert time.monotonic() - t0 < 2, "a malformed address must not wait for a timeout"

@@ -171,7 +171,12 @@ class StoreClient:
         return [self._value(item, bool) for item in items]
 
     def size(self, key: str) -> int:
-        return int(self._rpc.call(p.Describe(key), ObjectMeta).size)
+        return self.describe(key).size
+
+    def describe(self, key: str) -> ObjectMeta:
+        """What the master knows of `key` (size, replicas); grants no lease, counts no access."""
+        meta: ObjectMeta = self._rpc.call(p.Describe(key), ObjectMeta)
+        return meta
 
     def remove(self, key: str, force: bool = False) -> None:
         self._rpc.call(p.Remove(key, force))

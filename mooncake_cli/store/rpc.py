@@ -31,7 +31,11 @@ class MasterConnection:
         if self._sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(f"tcp://{self.address}")
+            try:
+                sock.connect(f"tcp://{self.address}")
+            except zmq.ZMQError as e:  # close it, or the context's teardown waits forever
+                sock.close(linger=0)
+                raise RpcFailed(f"cannot connect to the master at {self.address}: {e}") from e
             self._sock = sock
         return self._sock
 

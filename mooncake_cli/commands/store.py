@@ -1,0 +1,250 @@
+"""`mooncake store`: run a master or a node contributing memory, and put/get/list/remove objects."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from mooncake_cli.commands import common as c
+from mooncake_cli.config import human_size, load
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.output import Out, table
+from mooncake_cli.registry import Registry
+from mooncake_cli.store.client import StoreClient
+from mooncake_cli.store.config import StoreConfig
+from mooncake_cli.store.errors import ObjectNotFound
+from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.records import ReplicateConfig, StoreStats
+from mooncake_cli.store.service import MasterService
+from mooncake_cli.transfer.engine import TransferEngine
+
+app = typer.Typer(no_args_is_help=True,
+                  help="Run the store's master and nodes, and put, get, list and remove objects.")
+
+MASTER = typer.Option(None, "--master",
+                      help="HOST:PORT of the store master [default: 127.0.0.1:50051].")
+STORE_TIMEOUT = typer.Option(None, "--timeout",
+                             help="Seconds to wait for each reply of the master [default: 5].")
+
+
+def store_config(out: Out, **flags: Any) -> StoreConfig:
+    return load(StoreConfig, "store", out.config_file, **flags)
+
+
+@app.command()
+def master(
+    ctx: typer.Context,
+    host: str = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1]."),
+    port: int = typer.Option(None, "--port", help="RPC port (0 for any free port) "
+                                                  "[default: 50051]."),
+    secret: str = c.SECRET,
+    lease_ttl: float = typer.Option(None, "--lease-ttl",
+                                    help="Seconds a get or exists protects an object from "
+                                         "removal and eviction [default: 5]."),
+    put_timeout: float = typer.Option(None, "--put-timeout",
+                                      help="Seconds before an unfinished put is discarded "
+                                           "[default: 30]."),
+    client_ttl: float = typer.Option(None, "--client-ttl",
+                                     help="Seconds a silent client keeps its segments "
+                                          "[default: 10]."),
+    high_watermark: float = typer.Option(None, "--high-watermark",
+                                         help="Usage ratio above which objects are evicted "
+                                              "[default: 0.9]."),
+    eviction_ratio: float = typer.Option(None, "--eviction-ratio",
+                                         help="Share of a tier evicted at once [default: 0.05]."),
+) -> None:
+    """Run the store master (metadata, allocation, leases, eviction) until Ctrl-C."""
+    out: Out = ctx.obj
+    cfg = store_config(out, host=host, port=port, secret=secret, lease_ttl=lease_ttl,
+                       put_timeout=put_timeout, client_ttl=client_ttl,
+                       high_watermark=high_watermark, eviction_ratio=eviction_ratio)
+    core = StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
+                       client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
+                       eviction_ratio=cfg.eviction_ratio)
+    with c.stop_signals() as stop, MasterService(core, cfg.host, cfg.port,
+                                                 cfg.secret or None) as service:
+        out.event({"event": "ready", "address": service.address, "auth": bool(cfg.secret)},
+                  f"store master at [bold]{escape(service.address)}[/bold]"
+                  f"{', secret required' if cfg.secret else ''}\n"
+                  f"  node:  mooncake store serve --master {escape(service.address)}\n"
+                  f"  stats: mooncake store stat --master {escape(service.address)}\n"
+                  "Ctrl-C to stop.")
+        c.wait_for_signal(stop)
+    out.event({"event": "stopped", "address": service.address}, "stopped")
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    master: str = MASTER,
+    segment_size: str = typer.Option(None, "--segment-size",
+                                     help="DRAM to contribute (e.g. 1GiB) [default: 64MiB]."),
+    timeout: float = STORE_TIMEOUT,
+    host: str = c.HOST, port: int = c.PORT, advertise: str = c.ADVERTISE, name: str = c.NAME,
+    metadata: str = c.METADATA, transport: str = c.TRANSPORT, secret: str = c.SECRET,
+) -> None:
+    """Contribute a DRAM segment to the store and serve it until Ctrl-C."""
+    out: Out = ctx.obj
+    scfg = store_config(out, master=master, segment_size=segment_size, timeout=timeout,
+                        secret=secret)
+    if scfg.segment_size <= 0:
+        raise ConfigError("--segment-size must be positive for a node")
+    tcfg = c.transfer_config(out, host=host, port=port, advertise=advertise, name=name,
+                             metadata=metadata, transport=transport, secret=secret)
+    with c.stop_signals() as stop, TransferEngine(tcfg, Registry.from_env()) as engine, \
+            StoreClient(scfg.master, engine, scfg.segment_size, secret=scfg.secret or None,
+                        timeout=scfg.timeout, heartbeat=scfg.heartbeat) as client:
+        out.event({"event": "ready", "master": scfg.master, "segment": engine.name,
+                   "client_id": client.client_id, "size": scfg.segment_size},
+                  f"store node [bold]{escape(engine.name)}[/bold] contributes "
+                  f"{human_size(scfg.segment_size)} of DRAM to the master at "
+                  f"{escape(scfg.master)}\nCtrl-C to stop.")
+        c.wait_for_signal(stop)
+    out.event({"event": "stopped", "segment": engine.name}, "stopped; segment unmounted")
+
+
+@contextmanager
+def _client(out: Out, master: str | None, secret: str | None,
+            timeout: float | None) -> Iterator[StoreClient]:
+    """A short-lived client that contributes no memory."""
+    cfg = store_config(out, master=master, secret=secret, timeout=timeout)
+    tcfg = c.transfer_config(out, secret=secret)
+    with TransferEngine(tcfg, Registry.from_env()) as engine, \
+            StoreClient(cfg.master, engine, 0, secret=cfg.secret or None,
+                        timeout=cfg.timeout, heartbeat=cfg.heartbeat) as client:
+        yield client
+
+
+@app.command()
+def put(
+    ctx: typer.Context,
+    key: str = typer.Argument(..., help="Key of the new object."),
+    file: str = typer.Argument(..., help="File to store, or - for stdin."),
+    replicas: int = typer.Option(1, "--replicas", help="Replicas on distinct segments."),
+    soft_pin: bool = typer.Option(False, "--soft-pin", help="Evict only after unpinned objects."),
+    hard_pin: bool = typer.Option(False, "--hard-pin", help="Never evict."),
+    master: str = MASTER, secret: str = c.SECRET, timeout: float = STORE_TIMEOUT,
+) -> None:
+    """Store a file's bytes under a new key."""
+    out: Out = ctx.obj
+    try:
+        if file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(file, "rb") as fh:
+                data = fh.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read {file}: {e.strerror}") from e
+    config = ReplicateConfig(replicas, soft_pin=soft_pin, hard_pin=hard_pin)
+    with _client(out, master, secret, timeout) as client:
+        client.put(key, data, config)
+    out.event({"event": "put", "key": key, "bytes": len(data), "replicas": replicas},
+              f"stored {len(data)} bytes under {escape(key)} ({replicas} "
+              f"replica{'s' if replicas != 1 else ''})")
+
+
+@app.command()
+def get(
+    ctx: typer.Context,
+    key: str = typer.Argument(..., help="Key to read."),
+    output: str = typer.Option("-", "-o", "--output", help="File to write, or - for stdout."),
+    master: str = MASTER, secret: str = c.SECRET, timeout: float = STORE_TIMEOUT,
+) -> None:
+    """Read an object into a file or stdout."""
+    out: Out = ctx.obj
+    if output == "-" and out.json:
+        raise ConfigError("--json and -o - both want stdout: give -o a file")
+    with _client(out, master, secret, timeout) as client:
+        data = client.get(key)
+    if output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        with open(output, "wb") as fh:
+            fh.write(data)
+    except OSError as e:
+        raise ConfigError(f"cannot write {output}: {e.strerror}") from e
+    out.event({"event": "get", "key": key, "bytes": len(data), "output": output},
+              f"read {len(data)} bytes of {escape(key)} into {escape(output)}")
+
+
+@app.command()
+def rm(
+    ctx: typer.Context,
+    key: str = typer.Argument(..., help="Key to remove."),
+    force: bool = typer.Option(False, "--force", help="Remove even while a lease is held."),
+    master: str = MASTER, secret: str = c.SECRET, timeout: float = STORE_TIMEOUT,
+) -> None:
+    """Remove an object."""
+    out: Out = ctx.obj
+    with _client(out, master, secret, timeout) as client:
+        client.remove(key, force)
+    out.event({"event": "removed", "key": key}, f"removed {escape(key)}")
+
+
+@app.command()
+def ls(
+    ctx: typer.Context,
+    prefix: str = typer.Argument("", help="List only keys starting with this."),
+    master: str = MASTER, secret: str = c.SECRET, timeout: float = STORE_TIMEOUT,
+) -> None:
+    """List the complete objects (keys, sizes, replicas), sorted by key."""
+    out: Out = ctx.obj
+    rows: list[dict[str, Any]] = []
+    with _client(out, master, secret, timeout) as client:
+        for key in client.list(prefix):
+            try:  # describe grants no lease and counts no access
+                meta = client.describe(key)
+            except ObjectNotFound:  # removed since the listing
+                continue
+            rows.append({"key": key, "size": meta.size, "replicas": len(meta.replicas)})
+
+    def human(con: Console) -> None:
+        con.print(table(None, ["key", "size", "replicas"],
+                        [(r["key"], human_size(r["size"]), r["replicas"]) for r in rows]))
+
+    out.emit(rows, human)
+
+
+@app.command()
+def stat(
+    ctx: typer.Context,
+    master: str = MASTER, secret: str = c.SECRET, timeout: float = STORE_TIMEOUT,
+) -> None:
+    """Show the master's segments, usage per tier, objects and counters."""
+    out: Out = ctx.obj
+    address = store_config(out, master=master).master
+    with _client(out, master, secret, timeout) as client:
+        stats = client.stats()
+    data = _stats_dict(address, stats)
+
+    def human(con: Console) -> None:
+        con.print(f"master {escape(address)}: {stats.objects} objects "
+                  f"({stats.pending} puts pending), {stats.clients} clients")
+        con.print(table("tiers", ["tier", "segments", "objects", "used", "capacity", "usage"],
+                        [(t["tier"], t["segments"], t["objects"], human_size(t["bytes_used"]),
+                          human_size(t["capacity"]), f"{t['usage'] * 100:.1f}%")
+                         for t in data["tiers"]]))
+        con.print(table("counters", ["hits", "misses", "evictions", "puts", "gets"],
+                        [(stats.hits, stats.misses, stats.evictions, stats.puts, stats.gets)]))
+
+    out.emit(data, human)
+
+
+def _stats_dict(address: str, stats: StoreStats) -> dict[str, Any]:
+    tiers = []
+    for name, t in sorted(stats.tiers.items()):
+        tiers.append({"tier": name, "segments": t.segments, "objects": t.objects,
+                      "bytes_used": t.bytes_used, "capacity": t.capacity,
+                      "usage": t.bytes_used / t.capacity if t.capacity else 0.0})
+    return {"master": address, "objects": stats.objects, "pending": stats.pending,
+            "clients": stats.clients, "segments": sum(t["segments"] for t in tiers),
+            "tiers": tiers, "hits": stats.hits, "misses": stats.misses,
+            "evictions": stats.evictions, "puts": stats.puts, "gets": stats.gets}
