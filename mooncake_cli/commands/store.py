@@ -58,22 +58,35 @@ def master(
                                               "[default: 0.9]."),
     eviction_ratio: float = typer.Option(None, "--eviction-ratio",
                                          help="Share of a tier evicted at once [default: 0.05]."),
+    metrics_port: int = typer.Option(None, "--metrics-port",
+                                     help="Also serve Prometheus /metrics and /health on this "
+                                          "HTTP port of the listen address (0 for any free "
+                                          "port) [default: off]."),
 ) -> None:
     """Run the store master (metadata, allocation, leases, eviction) until Ctrl-C."""
     out: Out = ctx.obj
+    if metrics_port is not None and not 0 <= metrics_port < 65536:
+        raise ConfigError(f"--metrics-port {metrics_port} is out of range 0-65535")
     cfg = store_config(out, host=host, port=port, secret=secret, lease_ttl=lease_ttl,
                        put_timeout=put_timeout, client_ttl=client_ttl,
                        high_watermark=high_watermark, eviction_ratio=eviction_ratio)
     core = StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
                        client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
                        eviction_ratio=cfg.eviction_ratio)
-    with c.stop_signals() as stop, MasterService(core, cfg.host, cfg.port,
-                                                 cfg.secret or None) as service:
-        out.event({"event": "ready", "address": service.address, "auth": bool(cfg.secret)},
+    with c.stop_signals() as stop, MasterService(core, cfg.host, cfg.port, cfg.secret or None,
+                                                 metrics_port=metrics_port) as service:
+        ready: dict[str, Any] = {"event": "ready", "address": service.address,
+                                 "auth": bool(cfg.secret)}
+        if service.metrics_url:
+            ready["metrics"] = service.metrics_url
+        metrics_line = (f"  metrics: {escape(service.metrics_url)}\n"
+                        if service.metrics_url else "")
+        out.event(ready,
                   f"store master at [bold]{escape(service.address)}[/bold]"
                   f"{', secret required' if cfg.secret else ''}\n"
                   f"  node:  mooncake store serve --master {escape(service.address)}\n"
                   f"  stats: mooncake store stat --master {escape(service.address)}\n"
+                  f"{metrics_line}"
                   "Ctrl-C to stop.")
         c.wait_for_signal(stop)
     out.event({"event": "stopped", "address": service.address}, "stopped")

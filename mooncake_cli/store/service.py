@@ -4,8 +4,12 @@
     ...
     service.close()
 
-`python -m mooncake_cli.store.service --port P [--host H] [--secret S] [--client-ttl T ...]`
-prints one JSON line {"event": "ready", "address": "H:P"} and serves until SIGTERM or SIGINT.
+`python -m mooncake_cli.store.service --port P [--host H] [--secret S] [--client-ttl T ...]
+[--metrics-port M]` prints one JSON line {"event": "ready", "address": "H:P"} (with "metrics":
+"http://H:M/metrics" when --metrics-port is given) and serves until SIGTERM or SIGINT.
+
+With `metrics_port` (0 picks a free one) the service also serves Prometheus /metrics and /health
+on that HTTP port of the same host (see mooncake_cli.store.metrics); None, the default, is off.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import protocol
 from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.metrics import MetricsServer
 
 log = logging.getLogger("mooncake.store")
 
@@ -32,7 +37,8 @@ class MasterService:
     """Serves `master` on tcp://host:port (port 0 picks a free one; see `.address`)."""
 
     def __init__(self, master: StoreMaster, host: str = "127.0.0.1", port: int = 50051,
-                 secret: str | None = None, tick_interval: float = 1.0) -> None:
+                 secret: str | None = None, tick_interval: float = 1.0,
+                 metrics_port: int | None = None) -> None:
         self.master = master
         self._secret = secret.encode() if secret else None
         self._tick_interval = tick_interval
@@ -51,6 +57,16 @@ class MasterService:
             self._ctx.term()
             raise StoreError(f"cannot listen on {host}:{port}: {e}", ErrorCode.RPC_FAIL) from e
         self.address = f"{host}:{self.port}"
+        self.metrics: MetricsServer | None = None
+        if metrics_port is not None:
+            try:
+                self.metrics = MetricsServer(master.stats, host, metrics_port)
+            except (OSError, OverflowError) as e:  # in use, not allowed, or out of range
+                self._sock.close()
+                self._ctx.term()
+                raise StoreError(f"cannot serve metrics on {host}:{metrics_port}: {e}",
+                                 ErrorCode.RPC_FAIL) from e
+        self.metrics_url = self.metrics.url if self.metrics else None
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._serve, name="mooncake-store-rpc",
                                           daemon=True),
@@ -58,6 +74,8 @@ class MasterService:
                                           daemon=True)]
         for t in self._threads:
             t.start()
+        if self.metrics:
+            self.metrics.start()
 
     # -- serving ---------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -115,6 +133,8 @@ class MasterService:
         if self._stop.is_set():
             return
         self._stop.set()
+        if self.metrics:
+            self.metrics.close()
         for t in self._threads:
             t.join(timeout=5)
         self._sock.close()
@@ -135,11 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int)
     ap.add_argument("--host")
     ap.add_argument("--secret")
+    ap.add_argument("--metrics-port", type=int,
+                    help="serve Prometheus /metrics and /health here (0: any free port)")
     ap.add_argument("--config", help="TOML file with a [store] table")
     for name in ("lease-ttl", "put-timeout", "client-ttl", "high-watermark", "eviction-ratio"):
         ap.add_argument(f"--{name}", type=float)
     args = vars(ap.parse_args(argv))
     file = args.pop("config")
+    metrics_port = args.pop("metrics_port")
     try:
         cfg = load(StoreConfig, "store", file, **args)
         master = StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
@@ -156,11 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        service = MasterService(master, cfg.host, cfg.port, cfg.secret or None)
+        service = MasterService(master, cfg.host, cfg.port, cfg.secret or None,
+                                metrics_port=metrics_port)
     except StoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(json.dumps({"event": "ready", "address": service.address}), flush=True)
+    ready = {"event": "ready", "address": service.address}
+    if service.metrics_url:
+        ready["metrics"] = service.metrics_url
+    print(json.dumps(ready), flush=True)
     try:
         while not stop.wait(0.5):
             pass

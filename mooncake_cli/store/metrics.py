@@ -1,0 +1,122 @@
+"""The master's HTTP side port: `GET /health` and Prometheus `GET /metrics`.
+
+    server = MetricsServer(master, "127.0.0.1", 9003).start()   # port 0 picks a free one
+    server.url      # http://127.0.0.1:PORT/metrics
+    server.close()
+
+/metrics is Prometheus' text exposition format (version 0.0.4), built from `StoreMaster.stats()`
+at each scrape: gauges for objects, pending puts, clients, and per tier (label `tier`) segments,
+objects, bytes used and capacity; counters for hits, misses, evictions, puts and gets since the
+master started. /health answers 200 {"status":"ok"} while the server runs; any other path 404.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from mooncake_cli.store.records import StoreStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PREFIX = "mooncake_store_"
+
+
+def render(stats: StoreStats) -> str:
+    """`stats` in Prometheus text exposition format (ends with a newline)."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str,
+               samples: list[tuple[dict[str, str], int]]) -> None:
+        full = PREFIX + name
+        lines.append(f"# HELP {full} {help_}")
+        lines.append(f"# TYPE {full} {kind}")
+        for labels, value in samples:
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            lines.append(f"{full}{{{text}}} {value}" if text else f"{full} {value}")
+
+    tiers = sorted(stats.tiers.items())
+    metric("objects", "gauge", "Objects with every replica written.", [({}, stats.objects)])
+    metric("pending_puts", "gauge", "Puts started and not yet ended.", [({}, stats.pending)])
+    metric("clients", "gauge", "Clients known to the master.", [({}, stats.clients)])
+    metric("segments", "gauge", "Mounted segments per tier.",
+           [({"tier": t}, s.segments) for t, s in tiers])
+    metric("tier_objects", "gauge", "Objects with a complete replica on the tier.",
+           [({"tier": t}, s.objects) for t, s in tiers])
+    metric("bytes_used", "gauge", "Allocated bytes per tier (alignment and pending puts "
+           "included).", [({"tier": t}, s.bytes_used) for t, s in tiers])
+    metric("capacity_bytes", "gauge", "Mounted bytes per tier.",
+           [({"tier": t}, s.capacity) for t, s in tiers])
+    counters = (
+        ("hits_total", stats.hits, "Replica-list requests that found a complete object."),
+        ("misses_total", stats.misses, "Replica-list requests for a missing or unfinished object."),
+        ("evictions_total", stats.evictions, "Objects evicted."),
+        ("puts_total", stats.puts, "Puts ended (made complete)."),
+        ("gets_total", stats.gets, "Replica-list requests served."))
+    for name, value, help_ in counters:
+        metric(name, "counter", help_, [({}, value)])
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _handler(stats: Callable[[], StoreStats]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _reply(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802
+            path = urllib.parse.urlsplit(self.path).path
+            if path == "/health":
+                self._reply(200, json.dumps({"status": "ok"}).encode(), "application/json")
+            elif path == "/metrics":
+                try:
+                    body = render(stats()).encode()
+                except Exception as e:  # a scrape must not kill the thread; say what failed
+                    self._reply(500, f"stats failed: {type(e).__name__}: {e}\n".encode(),
+                                "text/plain; charset=utf-8")
+                    return
+                self._reply(200, body, CONTENT_TYPE)
+            else:
+                self._reply(404, b"not found: try /metrics or /health\n",
+                            "text/plain; charset=utf-8")
+
+        do_HEAD = do_GET  # noqa: N815
+
+    return Handler
+
+
+class MetricsServer:
+    """Serves /metrics and /health for `stats` (e.g. `StoreMaster.stats`) on http://HOST:PORT."""
+
+    def __init__(self, stats: Callable[[], StoreStats], host: str = "127.0.0.1",
+                 port: int = 9003) -> None:
+        self._httpd = ThreadingHTTPServer((host, port), _handler(stats))
+        self._httpd.daemon_threads = True
+        self.host, self.port = str(host), int(self._httpd.server_address[1])
+        self.url = f"http://{self.host}:{self.port}/metrics"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
+                                        name="mooncake-store-metrics")
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+        self._httpd.server_close()
