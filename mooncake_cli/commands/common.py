@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,7 @@ from typing import Any
 import typer
 
 from mooncake_cli.config import TransferConfig, load
+from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 
 HOST = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1].")
@@ -55,3 +57,34 @@ def wait_for_signal(stop: threading.Event | None = None) -> None:
         return
     while not stop.wait(0.5):
         pass
+
+
+def read_input(path: str) -> bytes:
+    """The bytes of file `path`, or of stdin for `-`; ConfigError when it cannot be read."""
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read()
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from e
+
+
+def check_output(out: Out, path: str) -> None:
+    """Refuse `-o -` with --json before any work: both want stdout."""
+    if path == "-" and out.json:
+        raise ConfigError("--json and -o - both want stdout: give -o a file")
+
+
+def write_output(path: str, data: bytes | bytearray) -> bool:
+    """Write `data` to file `path`, or to stdout for `-` (then True: nothing else to print)."""
+    if path == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return True
+    try:
+        with open(path, "wb") as fh:
+            fh.write(data)
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror}") from e
+    return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -146,14 +145,7 @@ def put(
 ) -> None:
     """Store a file's bytes under a new key."""
     out: Out = ctx.obj
-    try:
-        if file == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            with open(file, "rb") as fh:
-                data = fh.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read {file}: {e.strerror}") from e
+    data = c.read_input(file)
     config = ReplicateConfig(replicas, soft_pin=soft_pin, hard_pin=hard_pin)
     with _client(out, master, secret, timeout) as client:
         client.put(key, data, config)
@@ -171,19 +163,11 @@ def get(
 ) -> None:
     """Read an object into a file or stdout."""
     out: Out = ctx.obj
-    if output == "-" and out.json:
-        raise ConfigError("--json and -o - both want stdout: give -o a file")
+    c.check_output(out, output)
     with _client(out, master, secret, timeout) as client:
         data = client.get(key)
-    if output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
+    if c.write_output(output, data):
         return
-    try:
-        with open(output, "wb") as fh:
-            fh.write(data)
-    except OSError as e:
-        raise ConfigError(f"cannot write {output}: {e.strerror}") from e
     out.event({"event": "get", "key": key, "bytes": len(data), "output": output},
               f"read {len(data)} bytes of {escape(key)} into {escape(output)}")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 import typer
@@ -10,7 +9,6 @@ from rich.markup import escape
 
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, parse_size
-from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op
@@ -94,10 +92,7 @@ def write(
 ) -> None:
     """Write a file's bytes into a peer segment."""
     out: Out = ctx.obj
-    try:
-        data = sys.stdin.buffer.read() if file == "-" else open(file, "rb").read()
-    except OSError as e:
-        raise ConfigError(f"cannot read {file}: {e.strerror}") from e
+    data = c.read_input(file)
     with _client(out, metadata, transport, secret, connections, timeout) as engine:
         region = engine.register(bytearray(data))
         t0 = time.perf_counter()
@@ -123,8 +118,7 @@ def read(
     """Read bytes from a peer segment into a file."""
     out: Out = ctx.obj
     n = parse_size(length)
-    if output == "-" and out.json:
-        raise ConfigError("--json and -o - both want stdout: give -o a file")
+    c.check_output(out, output)
     with _client(out, metadata, transport, secret, connections, timeout) as engine:
         buf = bytearray(n)
         region = engine.register(buf)
@@ -132,15 +126,8 @@ def read(
         engine.transfer(Op.READ, region, 0, target, offset, n)
         dt = time.perf_counter() - t0
         via = engine.transport_for(target)
-    if output == "-":
-        sys.stdout.buffer.write(buf)
-        sys.stdout.flush()
+    if c.write_output(output, buf):
         return
-    try:
-        with open(output, "wb") as fh:
-            fh.write(buf)
-    except OSError as e:
-        raise ConfigError(f"cannot write {output}: {e.strerror}") from e
     out.event({"event": "read", "target": target, "offset": offset, "bytes": n, "seconds": dt,
                "transport": via, "output": output},
               f"read {n} bytes from {escape(target)} at offset {offset} over {via} "
