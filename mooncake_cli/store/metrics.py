@@ -13,11 +13,11 @@ master started. /health answers 200 {"status":"ok"} while the server runs; any o
 from __future__ import annotations
 
 import json
-import threading
 import urllib.parse
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
+from mooncake_cli.httpserve import BackgroundHTTPServer
 from mooncake_cli.store.records import StoreStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -100,23 +100,10 @@ def _handler(stats: Callable[[], StoreStats]) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class MetricsServer:
+class MetricsServer(BackgroundHTTPServer):
     """Serves /metrics and /health for `stats` (e.g. `StoreMaster.stats`) on http://HOST:PORT."""
 
     def __init__(self, stats: Callable[[], StoreStats], host: str = "127.0.0.1",
                  port: int = 9003) -> None:
-        self._httpd = ThreadingHTTPServer((host, port), _handler(stats))
-        self._httpd.daemon_threads = True
-        self.host, self.port = str(host), int(self._httpd.server_address[1])
+        super().__init__(host, port, _handler(stats), "mooncake-store-metrics")
         self.url = f"http://{self.host}:{self.port}/metrics"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
-                                        name="mooncake-store-metrics")
-
-    def start(self) -> MetricsServer:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-        self._httpd.server_close()

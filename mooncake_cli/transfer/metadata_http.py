@@ -12,8 +12,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
+from mooncake_cli.httpserve import BackgroundHTTPServer
 from mooncake_cli.interfaces import MetadataError, SegmentDescriptor
 from mooncake_cli.transfer.metadata import KEY_PREFIX, Keeper
 
@@ -156,22 +157,11 @@ def _handler(store: MetadataStore, path: str) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class MetadataServer:
+class MetadataServer(BackgroundHTTPServer):
     """`mooncake transfer metadata-server`: serves MetadataStore at http://HOST:PORT/metadata."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8080, path: str = "/metadata") -> None:
         self.store = MetadataStore()
-        self._httpd = ThreadingHTTPServer((host, port), _handler(self.store, path.rstrip("/")))
-        self._httpd.daemon_threads = True
-        self.host, self.port = str(host), int(self._httpd.server_address[1])
+        super().__init__(host, port, _handler(self.store, path.rstrip("/")),
+                         "mooncake-metadata-http")
         self.url = f"http://{self.host}:{self.port}{path}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
-                                        name="mooncake-metadata-http")
-
-    def start(self) -> MetadataServer:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
