@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import threading
-import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,7 +44,6 @@ class Batch:
 
     def __init__(self, requests: list[TransferRequest]) -> None:
         self.requests = requests
-        self.submitted_at = time.perf_counter()
         self._lock = threading.Lock()
         self._cond: threading.Condition | None = None  # made by the first wait() that blocks
         self._left = [0] * len(requests)

@@ -22,7 +22,7 @@ from mooncake_cli.interfaces import (
     TransferError,
 )
 from mooncake_cli.registry import Registry
-from mooncake_cli.transfer.batch import Batch, Op, Status, TransferRequest
+from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
 from mooncake_cli.transfer.directory import PeerDirectory, pick_transports
 from mooncake_cli.transfer.hostinfo import boot_id, hostname
 from mooncake_cli.transfer.metadata import open_metadata
@@ -219,7 +219,7 @@ class TransferEngine:
         batch = self.submit([TransferRequest(op, region, local_offset, target, target_offset,
                                              length)])
         status = batch.wait(timeout if timeout is not None else self.config.timeout * 2)[0]
-        if status.state.value != "completed":
+        if status.state is not State.COMPLETED:
             raise TransferError(status.reason or f"{op.value} timed out")
         return status
 
