@@ -54,7 +54,8 @@ def test_setup_refuses_nonsense(master: str) -> None:
     s = MooncakeDistributedStore()
     assert s.setup("localhost", "p2p", "lots", "16MB", "tcp", "", master) == -600
     assert s.setup("localhost", "ftp://nowhere", "16MB", "16MB", "tcp", "", master) == -600
-    assert s.setup("localhost", "p2p", "16MB", "16MB", "tcp", "", "etcd://h:2379") == -600
+    # an HA master address whose etcd cannot be reached
+    assert s.setup("localhost", "p2p", "16MB", "16MB", "tcp", "", "etcd://h:2379") == -900
     assert s.put("k", b"v") < 0 and s.get("k") == b"" and s.is_exist("k") == -1
     assert s.close() == 0
 

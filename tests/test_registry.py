@@ -99,7 +99,7 @@ def test_a_missing_module_is_reported_with_its_package_and_the_others_work() -> 
     assert "failed to load" in info.reason  # type: ignore[attr-defined]
     # everything else keeps working
     assert {t.name for t in reg.available(T)} == {"tcp", "shm"}
-    assert [t.name for t in reg.available(TIERS)] == ["dram"]
+    assert [t.name for t in reg.available(TIERS)] == ["dram", "ssd"]
     assert reg.get(T, "tcp").available() == (True, "")
     ssd = by_name(reg, TIERS)["ssd"]
     assert not ssd.available and "ModuleNotFoundError" in ssd.reason  # type: ignore[attr-defined]
@@ -153,14 +153,14 @@ def test_only_restricts_transports_and_leaves_tiers(make) -> None:
         with pytest.raises(PluginError, match="disabled by MOONCAKE_PLUGINS"):
             reg.get(T, name)
     # tiers are a different group: `tcp` names none of them, so they all load
-    assert [t.name for t in reg.available(TIERS)] == ["dram"]
+    assert [t.name for t in reg.available(TIERS)] == ["dram", "ssd"]
     assert by_name(reg, TIERS)["dram"].loaded  # type: ignore[attr-defined]
 
 
 def test_from_env_reads_mooncake_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     reg = Registry.from_env({"MOONCAKE_PLUGINS": "tcp"})
     assert [t.name for t in reg.available(T)] == ["tcp"]
-    assert [t.name for t in reg.available(TIERS)] == ["dram"]
+    assert [t.name for t in reg.available(TIERS)] == ["dram", "ssd"]
     with pytest.raises(PluginError, match="disabled by MOONCAKE_PLUGINS"):
         reg.get(T, "shm")
     for unset in ({"MOONCAKE_PLUGINS": "  "}, {}):
@@ -168,13 +168,13 @@ def test_from_env_reads_mooncake_plugins(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("MOONCAKE_PLUGINS", "shm")
     reg = Registry.from_env()
     assert [t.name for t in reg.available(T)] == ["shm"]
-    assert [t.name for t in reg.available(TIERS)] == ["dram"]
+    assert [t.name for t in reg.available(TIERS)] == ["dram", "ssd"]
 
 
 def test_only_naming_a_tier_restricts_tiers_too() -> None:
     reg = Registry(entry_points(), only=["tcp", "dram"])
     assert [t.name for t in reg.available(T)] == ["tcp"]
-    assert [t.name for t in reg.available(TIERS)] == ["dram"]
+    assert [t.name for t in reg.available(TIERS)] == ["dram", "ssd"]
     assert by_name(reg, TIERS)["ssd"].loaded is False  # type: ignore[attr-defined]
 
 

@@ -1,22 +1,61 @@
-"""`dram` tier: anonymous memory, or POSIX shared memory that same-host peers can map."""
+"""`dram` tier: anonymous memory, or POSIX shared memory that same-host peers can map, or
+explicit huge pages (MAP_HUGETLB) when asked: those need pages reserved by the administrator
+(`sysctl vm.nr_hugepages`); without them the tier says how to reserve some and either falls
+back to normal pages (with a warning) or, when strict, refuses."""
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import uuid
 
+from mooncake_cli.interfaces import ConfigError
+
 SHM_DIR = "/dev/shm"
 PREFIX = "mooncake-"
 HUGE = 2 << 20
+MAP_HUGETLB = getattr(mmap, "MAP_HUGETLB", 0x40000)  # Linux's value; Python 3.11 does not name it
+
+log = logging.getLogger("mooncake.tiers")
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if rest.split() and rest.split()[0].isdigit():
+                    out[name] = int(rest.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def hugepage_advice(size: int) -> str:
+    """Why `size` bytes of huge pages cannot be had, and how to reserve them."""
+    info = _meminfo()
+    page = info.get("Hugepagesize", HUGE >> 10) << 10
+    need = -(-size // page)
+    total, free = info.get("HugePages_Total", 0), info.get("HugePages_Free", 0)
+    return (f"{need} huge pages of {page >> 20} MiB are needed for {size} bytes but "
+            f"{free} of {total} are free: reserve them with `sudo sysctl -w "
+            f"vm.nr_hugepages={total + need}` (or `hugepages={total + need}` on the kernel "
+            "command line)")
 
 
 class DramBuffer:
-    """A zeroed buffer. When `shm` is set, a same-host peer maps it by that name."""
+    """A zeroed buffer. When `shm` is set, a same-host peer maps it by that name. With
+    `hugepages`, private memory on explicit huge pages (OSError when none can be had)."""
 
-    def __init__(self, size: int, shared: bool) -> None:
+    def __init__(self, size: int, shared: bool, hugepages: bool = False) -> None:
         self.shm: str | None = None
-        if shared:
+        self.hugepages = hugepages
+        if hugepages:
+            length = -(-max(size, 1) // HUGE) * HUGE
+            self._mm = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | MAP_HUGETLB)
+        elif shared:
             name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
             fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -77,9 +116,21 @@ class DramTier:
     def available(self) -> tuple[bool, str]:
         return True, ""
 
-    def allocate(self, size: int, shared: bool = True) -> DramBuffer:
+    def allocate(self, size: int, shared: bool = True, hugepages: bool = False,
+                 strict: bool = False) -> DramBuffer:
+        """A zeroed buffer; `hugepages` asks for explicit huge pages (never shared: same-host
+        peers then reach it over TCP). Without reserved huge pages: ConfigError saying how to
+        reserve them when `strict`, else a warning and normal pages (`.hugepages` False)."""
         if size < 0:
             raise ValueError(f"buffer size must be >= 0, got {size}")
+        if hugepages:
+            try:
+                return DramBuffer(size, False, hugepages=True)
+            except OSError as e:
+                advice = f"cannot map huge pages ({e.strerror}): {hugepage_advice(size)}"
+                if strict:
+                    raise ConfigError(advice) from None
+                log.warning("%s; using normal pages", advice)
         if shared and not os.path.isdir(SHM_DIR):
             shared = False
         if shared:

@@ -11,23 +11,27 @@ from rich.console import Console
 from rich.markup import escape
 
 from mooncake_cli.commands import common as c
+from mooncake_cli.commands.store_node import serve_ready
 from mooncake_cli.config import human_size, load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, table
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.config import StoreConfig
+from mooncake_cli.store.election import HaMaster
 from mooncake_cli.store.errors import ObjectNotFound
-from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.leader import LeaderInfo
 from mooncake_cli.store.records import ReplicateConfig, StoreStats
-from mooncake_cli.store.service import MasterService
+from mooncake_cli.store.service import MasterService, master_from
 from mooncake_cli.transfer.engine import TransferEngine
 
 app = typer.Typer(no_args_is_help=True,
                   help="Run the store's master and nodes, and put, get, list and remove objects.")
 
 MASTER = typer.Option(None, "--master",
-                      help="HOST:PORT of the store master [default: 127.0.0.1:50051].")
+                      help="HOST:PORT of the store master, or etcd://HOST:PORT[,HOST:PORT]"
+                           "[/CLUSTER] to follow the leader of an HA store "
+                           "[default: 127.0.0.1:50051].")
 STORE_TIMEOUT = typer.Option(None, "--timeout",
                              help="Seconds to wait for each reply of the master [default: 5].")
 
@@ -61,6 +65,11 @@ def master(
                                      help="Also serve Prometheus /metrics and /health on this "
                                           "HTTP port of the listen address (0 for any free "
                                           "port) [default: off]."),
+    ha: str = typer.Option(None, "--ha",
+                           help="etcd://HOST:PORT[,HOST:PORT][/CLUSTER]: run as one of several "
+                                "masters; the one elected through an etcd lease serves, the "
+                                "others stand by (refusing requests) and take over when it "
+                                "dies [default: off]."),
 ) -> None:
     """Run the store master (metadata, allocation, leases, eviction) until Ctrl-C."""
     out: Out = ctx.obj
@@ -68,26 +77,42 @@ def master(
         raise ConfigError(f"--metrics-port {metrics_port} is out of range 0-65535")
     cfg = store_config(out, host=host, port=port, secret=secret, lease_ttl=lease_ttl,
                        put_timeout=put_timeout, client_ttl=client_ttl,
-                       high_watermark=high_watermark, eviction_ratio=eviction_ratio)
-    core = StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
-                       client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
-                       eviction_ratio=cfg.eviction_ratio)
-    with c.stop_signals() as stop, MasterService(core, cfg.host, cfg.port, cfg.secret or None,
-                                                 metrics_port=metrics_port) as service:
+                       high_watermark=high_watermark, eviction_ratio=eviction_ratio,
+                       metrics_port=metrics_port, ha=ha)
+    with c.stop_signals() as stop, MasterService(
+            master_from(cfg), cfg.host, cfg.port, cfg.secret or None,
+            metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port) as service:
         ready: dict[str, Any] = {"event": "ready", "address": service.address,
                                  "auth": bool(cfg.secret)}
         if service.metrics_url:
             ready["metrics"] = service.metrics_url
+        if cfg.ha:
+            ready["ha"] = cfg.ha
         metrics_line = (f"  metrics: {escape(service.metrics_url)}\n"
                         if service.metrics_url else "")
+        target = cfg.ha or service.address
         out.event(ready,
                   f"store master at [bold]{escape(service.address)}[/bold]"
-                  f"{', secret required' if cfg.secret else ''}\n"
-                  f"  node:  mooncake store serve --master {escape(service.address)}\n"
-                  f"  stats: mooncake store stat --master {escape(service.address)}\n"
+                  f"{', secret required' if cfg.secret else ''}"
+                  f"{', HA candidate (standby until elected)' if cfg.ha else ''}\n"
+                  f"  node:  mooncake store serve --master {escape(target)}\n"
+                  f"  stats: mooncake store stat --master {escape(target)}\n"
                   f"{metrics_line}"
                   "Ctrl-C to stop.")
-        c.wait_for_signal(stop)
+
+        def changed(leading: bool, info: LeaderInfo | None) -> None:
+            term = info.term if info is not None else None
+            out.event({"event": "leading" if leading else "standby", "address": service.address,
+                       "term": term}, f"elected leader (term {term})" if leading else
+                      "lost the leadership: standing by")
+
+        ha_master = HaMaster(service, cfg.ha, lambda: master_from(cfg),
+                             on_change=changed) if cfg.ha else None
+        try:
+            c.wait_for_signal(stop)
+        finally:
+            if ha_master is not None:
+                ha_master.close()
     out.event({"event": "stopped", "address": service.address}, "stopped")
 
 
@@ -97,26 +122,35 @@ def serve(
     master: str = MASTER,
     segment_size: str = typer.Option(None, "--segment-size",
                                      help="DRAM to contribute (e.g. 1GiB) [default: 64MiB]."),
+    ssd_dir: str = typer.Option(None, "--ssd-dir",
+                                help="Also contribute an SSD tier: a data file and its manifest "
+                                     "in this directory. Objects evicted from DRAM are "
+                                     "offloaded there, and a node restarted on it serves them "
+                                     "again [default: none]."),
+    ssd_size: str = typer.Option(None, "--ssd-size",
+                                 help="Size of the SSD tier's data file (e.g. 8GiB) [default: "
+                                      "the size of the file already there]."),
+    hugepages: bool = typer.Option(None, "--hugepages/--no-hugepages",
+                                   help="Put the DRAM segment on huge pages; without reserved "
+                                        "huge pages, warn and use normal pages [default: no]."),
     timeout: float = STORE_TIMEOUT,
     host: str = c.HOST, port: int = c.PORT, advertise: str = c.ADVERTISE, name: str = c.NAME,
     metadata: str = c.METADATA, transport: str = c.TRANSPORT, secret: str = c.SECRET,
 ) -> None:
-    """Contribute a DRAM segment to the store and serve it until Ctrl-C."""
+    """Contribute a DRAM segment (and optionally an SSD tier) to the store until Ctrl-C."""
     out: Out = ctx.obj
     scfg = store_config(out, master=master, segment_size=segment_size, timeout=timeout,
-                        secret=secret)
+                        secret=secret, ssd_dir=ssd_dir, ssd_size=ssd_size, hugepages=hugepages)
     if scfg.segment_size <= 0:
         raise ConfigError("--segment-size must be positive for a node")
     tcfg = c.transfer_config(out, host=host, port=port, advertise=advertise, name=name,
                              metadata=metadata, transport=transport, secret=secret)
     with c.stop_signals() as stop, TransferEngine(tcfg, Registry.from_env()) as engine, \
             StoreClient(scfg.master, engine, scfg.segment_size, secret=scfg.secret or None,
-                        timeout=scfg.timeout, heartbeat=scfg.heartbeat) as client:
-        out.event({"event": "ready", "master": scfg.master, "segment": engine.name,
-                   "client_id": client.client_id, "size": scfg.segment_size},
-                  f"store node [bold]{escape(engine.name)}[/bold] contributes "
-                  f"{human_size(scfg.segment_size)} of DRAM to the master at "
-                  f"{escape(scfg.master)}\nCtrl-C to stop.")
+                        timeout=scfg.timeout, heartbeat=scfg.heartbeat,
+                        ssd_dir=scfg.ssd_dir or None, ssd_size=scfg.ssd_size,
+                        hugepages=scfg.hugepages) as client:
+        out.event(*serve_ready(scfg, engine.name, client))
         c.wait_for_signal(stop)
     out.event({"event": "stopped", "segment": engine.name}, "stopped; segment unmounted")
 
@@ -215,16 +249,21 @@ def stat(
     ctx: typer.Context,
     master: str = MASTER, secret: str = c.SECRET, timeout: float = STORE_TIMEOUT,
 ) -> None:
-    """Show the master's segments, usage per tier, objects and counters."""
+    """Show the leader, the master's segments, usage per tier, objects and counters."""
     out: Out = ctx.obj
     address = store_config(out, master=master).master
     with _client(out, master, secret, timeout) as client:
+        leader = client.leader()
         stats = client.stats()
     data = _stats_dict(address, stats)
+    data["leader"] = {"address": leader.address, "ha": leader.ha, "term": leader.term,
+                      "id": leader.id}
 
     def human(con: Console) -> None:
         con.print(f"master {escape(address)}: {stats.objects} objects "
                   f"({stats.pending} puts pending), {stats.clients} clients")
+        con.print(f"leader {escape(leader.address)}"
+                  + (f" (HA term {leader.term}, id {leader.id})" if leader.ha else ""))
         con.print(table("tiers", ["tier", "segments", "objects", "used", "capacity", "usage"],
                         [(t["tier"], t["segments"], t["objects"], human_size(t["bytes_used"]),
                           human_size(t["capacity"]), f"{t['usage'] * 100:.1f}%")

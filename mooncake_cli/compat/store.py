@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from mooncake_cli.interfaces import ConfigError, MooncakeError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store import records
 from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.leader import LeaderResolver, is_ha
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
 
@@ -81,8 +83,14 @@ def _metadata(url: str) -> str:
 
 
 def _master_reachable(address: str, timeout: float) -> bool:
-    """A quick TCP probe of HOST:PORT, so a dead master fails setup at once (not after RPC
-    timeouts) and a malformed address never reaches zmq."""
+    """A quick TCP probe of HOST:PORT (of the leader an etcd://... address publishes), so a dead
+    master fails setup at once (not after RPC timeouts) and a malformed address never reaches
+    zmq. ConfigError for a malformed etcd:// address."""
+    if is_ha(address):
+        try:
+            address = LeaderResolver(address, timeout).wait(time.monotonic() + timeout).address
+        except StoreError:
+            return False
     host, _, port = str(address).rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout).close()
@@ -130,10 +138,16 @@ class MooncakeDistributedStore:
         except (MooncakeError, ValueError, TypeError) as e:
             log.error("setup: %s", e)
             return BAD
-        if "://" in str(master_server_addr):  # etcd:// (HA) masters: not supported yet
-            log.error("setup: master_server_addr must be HOST:PORT, not %s", master_server_addr)
+        if "://" in str(master_server_addr) and not is_ha(str(master_server_addr)):
+            log.error("setup: master_server_addr must be HOST:PORT or etcd://HOST:PORT, not %s",
+                      master_server_addr)
             return BAD
-        if not _master_reachable(master_server_addr, min(self.timeout, 2.0)):
+        try:  # etcd://...: the client follows the HA leader published there
+            reachable = _master_reachable(str(master_server_addr), min(self.timeout, 2.0))
+        except ConfigError as e:
+            log.error("setup: %s", e)
+            return BAD
+        if not reachable:
             log.error("setup: no master answers at %s", master_server_addr)
             return int(ErrorCode.RPC_FAIL)
         try:

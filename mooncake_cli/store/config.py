@@ -13,9 +13,11 @@ from mooncake_cli.interfaces import ConfigError
 class StoreConfig:
     """The master's listener and policy, and what a client needs to reach it."""
 
-    master: str = "127.0.0.1:50051"  # clients: HOST:PORT of the master
+    master: str = "127.0.0.1:50051"  # clients: HOST:PORT of the master, or etcd://... (HA)
     host: str = "127.0.0.1"  # master: bind address
     port: int = 50051  # master: RPC port
+    metrics_port: int = -1  # master: HTTP port of /metrics and /health (-1: off, 0: any free)
+    ha: str = ""  # master: etcd://HOST:PORT[,...][/CLUSTER] to run as an HA candidate
     secret: str = ""  # shared secret: every request carries an HMAC-SHA256 keyed by it
     segment_size: int = size_field(64 << 20, "DRAM a client contributes")
     timeout: float = 5.0  # seconds a client waits for one reply
@@ -25,12 +27,28 @@ class StoreConfig:
     client_ttl: float = 10.0
     high_watermark: float = 0.90
     eviction_ratio: float = 0.05
+    ssd_dir: str = ""  # node: directory of its SSD tier (data file + manifest); "" for none
+    ssd_size: int = size_field(0, "SSD a node contributes (0: the data file's present size)")
+    hugepages: bool = False  # node: DRAM segment on huge pages (falls back with a warning)
 
     def __post_init__(self) -> None:
+        from mooncake_cli.store.leader import HaAddress, is_ha
+
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port {self.port} is out of range 0-65535")
+        if not -1 <= self.metrics_port < 65536:
+            raise ConfigError(f"metrics_port {self.metrics_port} is out of range 0-65535 "
+                              f"(-1: no metrics)")
+        if self.ha:
+            HaAddress.parse(self.ha)  # ConfigError saying what is wrong
+        if is_ha(self.master):
+            HaAddress.parse(self.master)
         if self.segment_size < 0:
             raise ConfigError("segment_size must not be negative")
+        if self.ssd_size < 0:
+            raise ConfigError("ssd_size must not be negative")
+        if self.ssd_size and not self.ssd_dir:
+            raise ConfigError("ssd_size needs ssd_dir, the directory of the SSD tier")
         if min(self.timeout, self.heartbeat, self.lease_ttl, self.put_timeout,
                self.client_ttl) <= 0:
             raise ConfigError("timeout, heartbeat and the TTLs must be positive")

@@ -62,14 +62,18 @@ class MasterCore:
         victims = choose_victims(self._objects.values(), need, now, "dram",
                                  self._segments.aligned)
         for meta in victims:
-            keep = tuple(r for r in meta.replicas if r.tier != "dram")
-            self._segments.release_all([r for r in meta.replicas if r.tier == "dram"])
-            if keep:
-                self._objects[meta.key] = replace(meta, replicas=keep)
-            else:
-                del self._objects[meta.key]
-        self._counts["evictions"] += len(victims)
+            self._shed(meta)
         return [m.key for m in victims]
+
+    def _shed(self, meta: ObjectMeta) -> None:
+        """Evict `meta`'s DRAM replicas; the object is gone when it has no other."""
+        keep = tuple(r for r in meta.replicas if r.tier != "dram")
+        self._segments.release_all([r for r in meta.replicas if r.tier == "dram"])
+        if keep:
+            self._objects[meta.key] = replace(meta, replicas=keep)
+        else:
+            del self._objects[meta.key]
+        self._counts["evictions"] += 1
 
     # -- helpers (lock held) ---------------------------------------------------------------------
     def _live(self, key: str, now: float) -> ObjectMeta:

@@ -10,7 +10,8 @@ Lifecycle of a key: put_start allocates pending replicas -> the client writes th
 marks them complete (or put_revoke frees them; a put not ended within `put_timeout` is
 discarded). Complete objects are served by get_replica_list / exists, each granting a lease of
 `lease_ttl`; a leased object is neither removed (without force) nor evicted. Above the DRAM
-high watermark, least recently used objects are evicted (see eviction.py).
+high watermark, least recently used objects are evicted (see eviction.py), or offloaded to
+their client's SSD segment when it has one (see offload.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mooncake_cli.store.errors import (
     ReplicaNotReady,
     StoreError,
 )
-from mooncake_cli.store.membership import Membership
+from mooncake_cli.store.offload import Offloading
 from mooncake_cli.store.records import (
     MAX_KEY_BYTES,
     ObjectMeta,
@@ -49,7 +50,7 @@ Results: TypeAlias = list[T | StoreError]  # one result per key of a batch: the 
 Keys: TypeAlias = list[str]
 
 
-class StoreMaster(Membership):
+class StoreMaster(Offloading):
     """Metadata, allocation, leases, eviction and client liveness of one store.
 
     Keyword settings: `now` (clock), `lease_ttl` 5 s, `put_timeout` 30 s, `client_ttl` 10 s,
@@ -128,7 +129,9 @@ class StoreMaster(Membership):
                 self._counts["misses"] += 1
                 raise
             self._counts["hits"] += 1
-            return self._lease(meta, now).replicas
+            meta = self._lease(meta, now)
+            self._promote(meta, now)  # served from SSD this time; from DRAM once copied
+            return meta.replicas
 
     def exists(self, key: str) -> bool:
         """Whether `key` is complete; a True answer grants a lease like a get."""

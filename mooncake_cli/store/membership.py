@@ -10,6 +10,7 @@ is rebuilt after a failover).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -143,4 +144,4 @@ class Membership(MasterCore):
                 tiers[tier] = TierStats(n, objs, used, cap)
             complete = sum(1 for m in self._objects.values() if m.complete)
             return StoreStats(tiers, complete, len(self._objects) - complete,
-                              len(self._clients), **self._counts)
+                              len(self._clients), **self._counts, clock=time.time())

@@ -21,7 +21,9 @@ from typing import Annotated, Any, Union
 import msgspec
 
 from mooncake_cli.store.errors import ErrorCode, InvalidParams, StoreError, error_from_code
+from mooncake_cli.store.leader import LeaderInfo
 from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.moves import MoveOrders, MoveResult
 from mooncake_cli.store.records import (
     MAX_KEY_BYTES,
     MAX_OBJECT_SIZE,
@@ -193,10 +195,35 @@ class BatchRemove(_Req, tag="batch_remove"):
         return m.batch_remove(self.keys, self.force)
 
 
+class WhoLeads(_Req, tag="who_leads"):
+    """Answered by the service, not the master (LeaderInfo); a standby answers it too."""
+
+    def call(self, m: StoreMaster) -> LeaderInfo:
+        raise InvalidParams("who_leads is answered by the master's service")
+
+
+class PollMoves(_Req, tag="poll_moves"):
+    """A client with an SSD segment asks which tier moves to make (see store/offload.py)."""
+
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+    def call(self, m: StoreMaster) -> MoveOrders:
+        return m.poll_moves(self.client_id)
+
+
+class MovesDone(_Req, tag="moves_done"):
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    results: Annotated[list[MoveResult], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> int:
+        return m.moves_done(self.client_id, self.results)
+
+
 Request = Union[  # noqa: UP007 - msgspec wants a real Union of the tagged structs
     MountSegment, UnmountSegment, Heartbeat, PutStart, PutEnd, PutRevoke, GetReplicaList,
     Exists, Describe, Remove, RemoveAll, List, Stats, RegisterExisting, BatchPutStart,
-    BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists, BatchRemove,
+    BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists, BatchRemove, WhoLeads,
+    PollMoves, MovesDone,
 ]
 BATCHES = (BatchPutStart, BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists,
            BatchRemove)

@@ -196,6 +196,10 @@ class StoreStats:
     evictions: int
     puts: int
     gets: int
+    offloads: int = 0  # objects moved from DRAM to SSD instead of being evicted
+    promotions: int = 0  # SSD-only objects copied back into DRAM after a get
+    moves: int = 0  # offloads and promotions under way
+    clock: float = 0.0  # the master's wall clock (Unix seconds) at the snapshot; 0: unknown
 
 
 @dataclass(frozen=True)

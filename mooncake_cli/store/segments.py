@@ -127,6 +127,13 @@ class SegmentTable:
             return []
         return chosen
 
+    def allocate_on(self, name: str, size: int, tier: Tier) -> Replica | None:
+        """A pending replica of `size` bytes on a `tier` mount of transfer segment `name` (one
+        client), or None when none has room; offloads and promotions stay on their client."""
+        mounts = [m for m in self._by_name.get(name, ())
+                  if m.segment.tier == tier and m.alloc.capacity >= self.aligned(size)]
+        return self._alloc_on(mounts, size) if mounts else None
+
     def _alloc_on(self, mounts: list[_Mount], size: int) -> Replica | None:
         for m in sorted(mounts, key=lambda m: -m.alloc.free_bytes):
             off = m.alloc.alloc(size)

@@ -5,8 +5,9 @@
     service.close()
 
 `python -m mooncake_cli.store.service --port P [--host H] [--secret S] [--client-ttl T ...]
-[--metrics-port M]` prints one JSON line {"event": "ready", "address": "H:P"} (with "metrics":
-"http://H:M/metrics" when --metrics-port is given) and serves until SIGTERM or SIGINT.
+[--metrics-port M] [--ha etcd://H:P[/CLUSTER]]` prints one JSON line {"event": "ready",
+"address": "H:P"} (with "metrics": "http://H:M/metrics" when --metrics-port is given, "ha" with
+--ha) and serves until SIGTERM or SIGINT; with --ha it serves only while elected (election.py).
 
 With `metrics_port` (0 picks a free one) the service also serves Prometheus /metrics and /health
 on that HTTP port of the same host (see mooncake_cli.store.metrics); None, the default, is off.
@@ -20,13 +21,17 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 import zmq
 
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import protocol
+from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.fastlane import serve_lane
+from mooncake_cli.store.leader import LeaderInfo, NotLeader
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.metrics import MetricsServer
 
@@ -40,6 +45,10 @@ class MasterService:
                  secret: str | None = None, tick_interval: float = 1.0,
                  metrics_port: int | None = None) -> None:
         self.master = master
+        # HA (election.HaMaster sets these): while `standby` is set, every request but
+        # who_leads is refused with NotLeader(standby()); `leader` answers who_leads
+        self.standby: Callable[[], str] | None = None
+        self.leader: Callable[[], LeaderInfo] = lambda: LeaderInfo(self.address)
         self._secret = secret.encode() if secret else None
         self._tick_interval = tick_interval
         self._ctx = zmq.Context()
@@ -60,7 +69,7 @@ class MasterService:
         self.metrics: MetricsServer | None = None
         if metrics_port is not None:
             try:
-                self.metrics = MetricsServer(master.stats, host, metrics_port)
+                self.metrics = MetricsServer(lambda: self.master.stats(), host, metrics_port)
             except (OSError, OverflowError) as e:  # in use, not allowed, or out of range
                 self._sock.close()
                 self._ctx.term()
@@ -76,6 +85,7 @@ class MasterService:
             t.start()
         if self.metrics:
             self.metrics.start()
+        self.lane = serve_lane(self.address, self.handle, self._secret)  # same-host fast path
 
     # -- serving ---------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -110,7 +120,14 @@ class MasterService:
                     len(frames) != 2 or not protocol.mac_ok(self._secret, body, frames[1])):
                 raise StoreError("request refused: missing or bad MAC (wrong secret?)",
                                  ErrorCode.RPC_FAIL)
-            reply = protocol.run(self.master, protocol.decode_request(body))
+            request = protocol.decode_request(body)
+            refusal = self.standby
+            if isinstance(request, protocol.WhoLeads):
+                reply = protocol.ok(self.leader())
+            elif refusal is not None:
+                raise NotLeader(refusal())
+            else:
+                reply = protocol.run(self.master, request)
         except StoreError as e:
             reply = protocol.error(e)
         except Exception as e:  # a bug must not take the master down
@@ -133,6 +150,8 @@ class MasterService:
         if self._stop.is_set():
             return
         self._stop.set()
+        if self.lane:
+            self.lane.close()
         if self.metrics:
             self.metrics.close()
         for t in self._threads:
@@ -149,7 +168,7 @@ class MasterService:
 
 def main(argv: list[str] | None = None) -> int:
     from mooncake_cli.config import load
-    from mooncake_cli.store.config import StoreConfig
+    from mooncake_cli.store.election import HaMaster
 
     ap = argparse.ArgumentParser(prog="python -m mooncake_cli.store.service")
     ap.add_argument("--port", type=int)
@@ -157,17 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--secret")
     ap.add_argument("--metrics-port", type=int,
                     help="serve Prometheus /metrics and /health here (0: any free port)")
+    ap.add_argument("--ha", help="etcd://HOST:PORT[,...][/CLUSTER]: run as an HA candidate")
     ap.add_argument("--config", help="TOML file with a [store] table")
     for name in ("lease-ttl", "put-timeout", "client-ttl", "high-watermark", "eviction-ratio"):
         ap.add_argument(f"--{name}", type=float)
     args = vars(ap.parse_args(argv))
     file = args.pop("config")
-    metrics_port = args.pop("metrics_port")
     try:
         cfg = load(StoreConfig, "store", file, **args)
-        master = StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
-                             client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
-                             eviction_ratio=cfg.eviction_ratio)
+        master = master_from(cfg)
     except MooncakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -180,20 +197,32 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         service = MasterService(master, cfg.host, cfg.port, cfg.secret or None,
-                                metrics_port=metrics_port)
+                                metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port)
     except StoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    ha = HaMaster(service, cfg.ha, lambda: master_from(cfg)) if cfg.ha else None
     ready = {"event": "ready", "address": service.address}
     if service.metrics_url:
         ready["metrics"] = service.metrics_url
+    if cfg.ha:
+        ready["ha"] = cfg.ha
     print(json.dumps(ready), flush=True)
     try:
         while not stop.wait(0.5):
             pass
     finally:
+        if ha is not None:
+            ha.close()
         service.close()
     return 0
+
+
+def master_from(cfg: StoreConfig) -> StoreMaster:
+    """A master with the policy of `cfg`."""
+    return StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
+                       client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
+                       eviction_ratio=cfg.eviction_ratio)
 
 
 if __name__ == "__main__":

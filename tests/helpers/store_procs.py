@@ -89,3 +89,10 @@ def start_node(master: str, segment_size: int = 8 << 20, secret: str | None = No
     cmd = [sys.executable, str(HERE / "store_node.py"), "--master", master,
            "--segment-size", str(segment_size)]
     return Proc(cmd + (["--secret", secret] if secret else []))
+
+
+def start_ha_master(ha: str, *extra: str) -> Proc:
+    """A master on a free port campaigning for the leadership of the HA store `ha`
+    (etcd://HOST:PORT/CLUSTER); its ready line comes before it is elected."""
+    return Proc([sys.executable, "-m", "mooncake_cli.store.service", "--port", "0",
+                 "--ha", ha, *extra])
