@@ -1,0 +1,64 @@
+"""Write a profile document, fit it with the conductor's cost model, score held-out points."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+from mooncake_cli.bench.profile import ProfileConfig, Profiler, Progress
+from mooncake_cli.conductor.costmodel import PROFILE_SCHEMA, FittedCostModel, profile_model
+from mooncake_cli.interfaces import ConfigError
+
+
+def _errors(model: FittedCostModel, samples: dict[str, Any]) -> dict[str, Any]:
+    """Relative error |predicted - measured| / measured of each held-out sample."""
+    rows = []
+    for s in samples["prefill"]:
+        pred = model.prefill_time(s["input_tokens"], s["cached_tokens"])
+        rows.append({"kind": "prefill", "point": f"n={s['input_tokens']} p={s['cached_tokens']}",
+                     "measured_s": s["seconds"], "predicted_s": pred})
+    for s in samples["decode"]:
+        pred = model.decode_step_time(s["batch"], s["context_tokens"])
+        rows.append({"kind": "decode", "point": f"batch={s['batch']} ctx={s['context_tokens']}",
+                     "measured_s": s["seconds"], "predicted_s": pred})
+    for r in rows:
+        r["error"] = abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"]
+    summary = {}
+    for kind in ("prefill", "decode"):
+        errs = [r["error"] for r in rows if r["kind"] == kind]
+        summary[kind] = {"mean": statistics.fmean(errs), "max": max(errs)} if errs else None
+    every = [r["error"] for r in rows]
+    summary["all"] = {"mean": statistics.fmean(every), "max": max(every)}
+    return {"points": rows, "summary": summary}
+
+
+def run_profile(cfg: ProfileConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure, write cfg.output, and return the report (the document, coefficients, errors)."""
+    profiler = Profiler(cfg)
+    fit, held = profiler.measure(progress)
+    ns = profiler.cache.ns
+    doc = {
+        "schema": PROFILE_SCHEMA,
+        "model": f"{profiler.model.model_id} ({profiler.model.description})",
+        "device": f"{profiler.model.device} {cfg.dtype}, {cfg.chunk_size}-token chunks",
+        "block_tokens": cfg.block_size,
+        "kv_bytes_per_token": ns.block_bytes // cfg.block_size,
+        "bandwidth_bytes_per_s": float(cfg.bandwidth),
+        "prefill": fit["prefill"],
+        "decode": fit["decode"],
+        "held_out": held,
+    }
+    model = profile_model(doc, cfg.output)
+    errors = _errors(model, held)
+    doc["fit"] = {k: getattr(model, k) for k in ("c0", "c_quad", "c_lin", "d0", "d_batch",
+                                                 "d_ctx")}
+    doc["fit_error"] = errors["summary"]
+    try:
+        with open(cfg.output, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+    except OSError as e:
+        raise ConfigError(f"cannot write {cfg.output}: {e.strerror}") from e
+    return {"output": cfg.output, "profile": doc, "held_out": errors["points"],
+            "fit_error": errors["summary"]}

@@ -1,0 +1,69 @@
+"""The Llama-family forward pass over a paged KV cache (our own; no transformers at run time)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mooncake_cli.engine.batch import StepBatch
+from mooncake_cli.engine.config import ModelConfig
+from mooncake_cli.engine.kvcache import KVCache
+from mooncake_cli.engine.rope import Rope
+from mooncake_cli.engine.weights import LayerWeights, Weights
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class Transformer:
+    """Decoder weights + RoPE; `forward` writes the step's K/V into the cache and attends."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.device = device
+        self.dtype = dtype
+        self.rope = Rope(cfg, device)
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        """Logits [B, vocab] (float32) of each sequence's last new token."""
+        x = F.embedding(batch.input_ids, self.w.embed)
+        cos, sin = self.rope.tables(batch.positions, self.dtype)
+        for i, layer in enumerate(self.w.layers):
+            h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
+            x = x + self._attention(h, layer, batch, cache, i, cos, sin)
+            h = rms_norm(x, layer.post_norm, self.cfg.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        x = rms_norm(x[batch.last_index], self.w.norm, self.cfg.rms_norm_eps)
+        return F.linear(x, self.w.lm_head).float()
+
+    def _attention(self, h: torch.Tensor, w: LayerWeights, batch: StepBatch, cache: KVCache,
+                   i: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        t, d = h.shape[0], c.head_dim
+        q_size, kv_size = c.num_heads * d, c.num_kv_heads * d
+        q, k, v = F.linear(h, w.qkv, w.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+        q = Rope.apply(q.view(t, c.num_heads, d), cos, sin)
+        k = Rope.apply(k.view(t, c.num_kv_heads, d), cos, sin)
+        k_pool, v_pool = cache.layer(i)
+        k_pool[batch.slot_blocks, :, batch.slot_offsets] = k
+        v_pool[batch.slot_blocks, :, batch.slot_offsets] = v.view(t, c.num_kv_heads, d)
+        b, nb = batch.tables.shape
+        flat = batch.tables.reshape(-1)
+        keys = k_pool.index_select(0, flat).view(b, nb, c.num_kv_heads, -1, d)
+        values = v_pool.index_select(0, flat).view(b, nb, c.num_kv_heads, -1, d)
+        keys = keys.transpose(1, 2).reshape(b, c.num_kv_heads, -1, d)
+        values = values.transpose(1, 2).reshape(b, c.num_kv_heads, -1, d)
+        queries = q.new_zeros((b * batch.max_q, c.num_heads, d))
+        queries[batch.pad_index] = q
+        queries = queries.view(b, batch.max_q, c.num_heads, d).transpose(1, 2)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask,
+                                             enable_gqa=c.num_heads != c.num_kv_heads)
+        out = out.transpose(1, 2).reshape(b * batch.max_q, q_size)[batch.pad_index]
+        return F.linear(out, w.o, w.o_bias)
