@@ -1,0 +1,88 @@
+"""Per-candidate TTFT estimates: the records every policy builds its choice and explanation on."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mooncake_cli.conductor.costmodel import transfer_time
+from mooncake_cli.conductor.state import Cluster, InstanceState, Request
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One prefill instance as a policy saw it: TTFT = queue + transfer + prefill."""
+
+    instance: str
+    queue_s: float
+    local_blocks: int  # leading blocks of the request already on the instance
+    fetch_blocks: int  # leading blocks it would hold after fetching (0: no fetch)
+    fetch_from: str | None
+    transfer_s: float
+    prefill_s: float
+    ttft_s: float
+    stages: tuple[str, ...] = ()  # other instances running pipeline stages of this prefill
+
+    @property
+    def prefix_blocks(self) -> int:
+        """Blocks the prefill will reuse: fetched or local."""
+        return max(self.fetch_blocks, self.local_blocks)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("queue_s", "transfer_s", "prefill_s", "ttft_s"):
+            d[k] = round(d[k], 6)
+        return d
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A policy's answer: the chosen candidate and, when asked to explain, all it weighed."""
+
+    policy: str
+    chosen: Candidate
+    candidates: tuple[Candidate, ...] = ()
+
+
+def local(cluster: Cluster, inst: InstanceState, req: Request, now: float,
+          local_blocks: int) -> Candidate:
+    """Run on `inst`, reusing only what it holds."""
+    q = inst.queue_time(now)
+    n = req.input_tokens
+    pre = cluster.model.prefill_time(n, cluster.cached_tokens(n, local_blocks))
+    return Candidate(inst.name, q, local_blocks, 0, None, 0.0, pre, q + pre)
+
+
+def with_fetch(cluster: Cluster, inst: InstanceState, req: Request, now: float,
+               local_blocks: int, remote_blocks: int, source: str | None,
+               threshold: float) -> Candidate:
+    """Run on `inst`, fetching the longer prefix from `source` when it beats the local one by
+    more than `threshold` (remote / local blocks, Algorithm 1's kvcache_balancing_threshold)
+    and fetching it is faster than recomputing it."""
+    base = local(cluster, inst, req, now, local_blocks)
+    if (source is None or source == inst.name or remote_blocks <= local_blocks
+            or (local_blocks and remote_blocks / local_blocks <= threshold)):
+        return base
+    have = cluster.cached_tokens(req.input_tokens, local_blocks)
+    get = cluster.cached_tokens(req.input_tokens, remote_blocks)
+    xfer = transfer_time(cluster.model, get - have)
+    pre = cluster.model.prefill_time(req.input_tokens, get)
+    if xfer + pre >= base.prefill_s:
+        return base
+    return Candidate(inst.name, base.queue_s, local_blocks, remote_blocks, source, xfer, pre,
+                     base.queue_s + xfer + pre)
+
+
+def least_queued(insts: list[InstanceState], now: float,
+                 skip: dict[str, int] | None = None) -> InstanceState | None:
+    """The instance with the least estimated queue time (lowest name on ties), outside
+    `skip`."""
+    best: InstanceState | None = None
+    best_t = 0.0
+    for inst in insts:
+        if skip and inst.name in skip:
+            continue
+        t = inst.busy_until if inst.busy_until > now else now
+        if best is None or t < best_t or (t == best_t and inst.name < best.name):
+            best, best_t = inst, t
+    return best

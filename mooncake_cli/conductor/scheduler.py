@@ -1,0 +1,154 @@
+"""The scheduler: a prefill placement policy, a decode pick and SLO admission, with an
+explanation record for every decision; `commit` books the chosen work on the instances."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from mooncake_cli.conductor.estimate import Placement
+from mooncake_cli.conductor.policies import (
+    CacheAwarePolicy,
+    KVCacheCentricPolicy,
+    LeastLoadPolicy,
+    Policy,
+    RandomPolicy,
+    RoundRobinPolicy,
+)
+from mooncake_cli.conductor.policy_ours import PipelinePolicy
+from mooncake_cli.conductor.state import Cluster, InstanceState, Request
+from mooncake_cli.interfaces import ConfigError
+
+POLICIES: Mapping[str, type] = MappingProxyType({p.name: p for p in (
+    RandomPolicy, RoundRobinPolicy, LeastLoadPolicy, CacheAwarePolicy, KVCacheCentricPolicy,
+    PipelinePolicy)})
+
+
+def make_policy(name: str, seed: int = 0) -> Policy:
+    """A policy by name; ConfigError lists the known names."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown policy '{name}': use one of {', '.join(POLICIES)}")
+    policy: Policy = cls(seed=seed)
+    return policy
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Admission limits in seconds; None admits everything on that count."""
+
+    ttft_s: float | None = None
+    tbt_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for what, v in (("TTFT", self.ttft_s), ("TBT", self.tbt_s)):
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{what} SLO must be a number of seconds > 0, not {v}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a request goes (or why not: 429 with a retry-after estimate), and why."""
+
+    request: str
+    time: float
+    placement: Placement
+    decode: str | None
+    est_tbt_s: float | None
+    admitted: bool
+    retry_after_s: float | None = None
+    reason: str = ""
+
+    @property
+    def prefill(self) -> str:
+        return self.placement.chosen.instance
+
+    def explain(self) -> dict[str, Any]:
+        """The record `--explain` writes: the choice and the estimates per candidate."""
+        tbt = None if self.est_tbt_s is None else round(self.est_tbt_s, 6)
+        return {"request": self.request, "time": round(self.time, 6),
+                "policy": self.placement.policy, "admitted": self.admitted,
+                "reason": self.reason, "retry_after_s": self.retry_after_s,
+                "prefill": self.placement.chosen.to_dict(), "decode": self.decode,
+                "est_tbt_s": tbt,
+                "candidates": [c.to_dict() for c in self.placement.candidates]}
+
+
+@dataclass
+class Scheduler:
+    """Places requests on a cluster with one policy, admitting against an SLO."""
+
+    cluster: Cluster
+    policy: Policy
+    slo: Slo = field(default_factory=Slo)
+    mean_output_tokens: float = 256.0  # running estimate, for decode retry-after
+
+    def pick_decode(self, req: Request) -> tuple[InstanceState | None, float | None]:
+        """The live decode instance with room whose next step (with this request) is
+        fastest; (None, None) when the cluster has no decode instance (not limiting)."""
+        insts = self.cluster.live_decode()
+        if not insts:
+            return None, None
+        need = req.input_tokens + req.output_tokens
+        best: InstanceState | None = None
+        best_t = math.inf
+        for inst in insts:
+            cap = inst.kv_capacity_tokens
+            if cap is not None and inst.context_tokens + need > cap:
+                continue
+            t = self.cluster.model.decode_step_time(inst.batch + 1, inst.context_tokens + need)
+            if t < best_t or (t == best_t and best is not None and inst.name < best.name):
+                best, best_t = inst, t
+        return best, (best_t if best is not None else math.inf)
+
+    def schedule(self, req: Request, now: float, explain: bool = False) -> Decision:
+        """Decide, without booking anything (see `commit`)."""
+        placement = self.policy.place(req, self.cluster, now, explain)
+        dec, tbt = self.pick_decode(req)
+        ttft = placement.chosen.ttft_s
+        over_ttft = self.slo.ttft_s is not None and ttft > self.slo.ttft_s
+        over_tbt = tbt is not None and (tbt == math.inf or
+                                        (self.slo.tbt_s is not None and tbt > self.slo.tbt_s))
+        if not (over_ttft or over_tbt):
+            return Decision(req.id, now, placement, dec.name if dec else None, tbt, True)
+        retry, why = 0.0, []
+        if over_ttft:
+            assert self.slo.ttft_s is not None
+            retry = ttft - self.slo.ttft_s  # queues drain in real time
+            why.append(f"estimated TTFT {ttft:.3f} s > SLO {self.slo.ttft_s:g} s")
+        if over_tbt:
+            retry = max(retry, self._decode_retry())
+            limit = self.slo.tbt_s
+            if tbt is None or tbt == math.inf or limit is None:
+                why.append("no decode instance has KV room")
+            else:
+                why.append(f"estimated TBT {tbt * 1e3:.1f} ms > SLO {limit * 1e3:g} ms")
+        return Decision(req.id, now, placement, dec.name if dec else None, tbt, False,
+                        round(max(retry, 0.001), 3), "; ".join(why))
+
+    def _decode_retry(self) -> float:
+        """Seconds until some decode request is expected to finish and free room."""
+        insts = [i for i in self.cluster.live_decode() if i.batch]
+        if not insts:
+            return 1.0
+        inst = min(insts, key=lambda i: i.batch)
+        step = self.cluster.model.decode_step_time(inst.batch, inst.context_tokens)
+        return step * self.mean_output_tokens / inst.batch
+
+    def commit(self, decision: Decision, req: Request, now: float) -> None:
+        """Book an admitted decision: the prefill work on its queue, the KV on its decode."""
+        if not decision.admitted:
+            return
+        chosen = decision.placement.chosen
+        for name in (chosen.instance, *chosen.stages):
+            inst = self.cluster.by_name[name]
+            inst.busy_until = max(inst.busy_until, now) + chosen.transfer_s + chosen.prefill_s
+            inst.queued += 1
+        self.mean_output_tokens += (req.output_tokens - self.mean_output_tokens) * 0.01
+        if decision.decode is not None:
+            dec = self.cluster.by_name[decision.decode]
+            dec.batch += 1
+            dec.context_tokens += req.input_tokens + req.output_tokens

@@ -1,0 +1,91 @@
+"""What the scheduler knows: requests, instance state records and the cluster holding them."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from mooncake_cli.conductor.costmodel import CostModel
+from mooncake_cli.conductor.index import CacheIndex
+
+ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request as the scheduler sees it: lengths and the keys of its full KV blocks."""
+
+    id: str
+    input_tokens: int
+    output_tokens: int
+    block_keys: Sequence[Hashable]
+
+    def __post_init__(self) -> None:
+        if self.input_tokens < 1 or self.output_tokens < 0:
+            raise ValueError(f"request {self.id}: input_tokens must be >= 1 and "
+                             f"output_tokens >= 0")
+
+
+@dataclass
+class InstanceState:
+    """One instance: its estimated queue (prefill) or its running batch (decode)."""
+
+    name: str
+    role: str
+    busy_until: float = 0.0  # estimated end of everything queued (prefill)
+    queued: int = 0  # requests queued or running
+    batch: int = 0  # decode: requests in the running batch
+    context_tokens: int = 0  # decode: KV tokens held by the batch
+    kv_capacity_tokens: int | None = None  # decode: KV room; None = not limiting
+    alive: bool = True
+
+    def queue_time(self, now: float) -> float:
+        """Estimated seconds until this instance can start new work."""
+        return self.busy_until - now if self.busy_until > now else 0.0
+
+    def to_dict(self, now: float) -> dict[str, object]:
+        return {"name": self.name, "role": self.role, "queue_s": round(self.queue_time(now), 6),
+                "queued": self.queued, "batch": self.batch,
+                "context_tokens": self.context_tokens, "alive": self.alive}
+
+
+@dataclass
+class Cluster:
+    """The instances, the global cache index and the cost model they share."""
+
+    model: CostModel
+    index: CacheIndex = field(default_factory=CacheIndex)
+    prefill: list[InstanceState] = field(default_factory=list)
+    decode: list[InstanceState] = field(default_factory=list)
+    by_name: dict[str, InstanceState] = field(default_factory=dict)
+
+    def add(self, name: str, role: str, cache_blocks: int | None = None,
+            kv_capacity_tokens: int | None = None) -> InstanceState:
+        """Register an instance; `cache_blocks` bounds its LRU in the index."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        if name in self.by_name:
+            raise ValueError(f"instance {name} is already registered")
+        inst = self.by_name[name] = InstanceState(name, role,
+                                                  kv_capacity_tokens=kv_capacity_tokens)
+        (self.prefill if role == "prefill" else self.decode).append(inst)
+        if role == "prefill":
+            self.index.add_instance(name, cache_blocks)
+        return inst
+
+    def remove(self, name: str) -> None:
+        """Drop a dead or deregistered instance and its cached blocks."""
+        self.prefill = [i for i in self.prefill if i.name != name]
+        self.decode = [i for i in self.decode if i.name != name]
+        self.by_name.pop(name, None)
+        self.index.drop(name)
+
+    def live_prefill(self) -> list[InstanceState]:
+        return [i for i in self.prefill if i.alive]
+
+    def live_decode(self) -> list[InstanceState]:
+        return [i for i in self.decode if i.alive]
+
+    def cached_tokens(self, input_tokens: int, blocks: int) -> int:
+        """Input tokens covered by the first `blocks` cached blocks of a prompt."""
+        return min(blocks * self.model.block_tokens, input_tokens)
