@@ -9,13 +9,17 @@ from typing import TypeVar
 S = TypeVar("S", bound="BackgroundHTTPServer")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # socketserver's 5 resets bursts of concurrent clients
+
+
 class BackgroundHTTPServer:
     """Binds at construction (port 0 picks a free one); serves once `start`ed until `close`."""
 
     def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler],
                  name: str) -> None:
-        self._httpd = ThreadingHTTPServer((host, port), handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((host, port), handler)
         self.host, self.port = str(host), int(self._httpd.server_address[1])
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         name=name)

@@ -1,0 +1,2 @@
+"""Serving workers: `mooncake prefill` (prefix reuse, chunked prefill, KV streaming) and
+`mooncake decode` (KV reservations and continuous batching), both behind JSON-over-HTTP."""

@@ -1,0 +1,63 @@
+"""WorkerConfig: the settings of a prefill or decode worker (build with `mooncake_cli.config.load`,
+section `[prefill]` or `[decode]`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mooncake_cli.config import size_field
+from mooncake_cli.interfaces import ConfigError
+
+ROLES = ("prefill", "decode")
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """("127.0.0.1", 8000) from "127.0.0.1:8000"; ConfigError for anything else."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"listen address {listen!r}: use HOST:PORT, e.g. 127.0.0.1:8100 "
+                          "(port 0 picks a free one)")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One worker: its model, KV cache geometry, store, HTTP listener and conductor."""
+
+    role: str = "prefill"
+    model: str = "demo"  # checkpoint directory, or a built-in demo (demo, demo-25m)
+    device: str = "cpu"
+    dtype: str = "float32"
+    store: str = "none"  # HOST:PORT (or etcd://...) of the store master; "none": no store
+    segment_size: int = size_field(256 << 20, "DRAM contributed to the store (0: none)")
+    listen: str = "127.0.0.1:0"
+    block_size: int = 16  # tokens per KV block (one store object)
+    kv_blocks: int = 512  # blocks in the paged KV cache
+    chunk_size: int = 512  # prompt tokens one prefill step computes
+    conductor: str = ""  # http://HOST:PORT of a conductor to register with; "" for none
+    name: str = ""  # instance name; default <role>@<listen address>
+    heartbeat: float = 1.0  # seconds between registrations with the conductor
+    drain_timeout: float = 30.0  # seconds in-flight requests may take to finish on shutdown
+    max_waiting: int = 256  # requests a worker queues before refusing more (503)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"role {self.role!r}: use prefill or decode")
+        split_listen(self.listen)
+        for name in ("block_size", "kv_blocks", "chunk_size", "max_waiting"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.block_size > 4096:
+            raise ConfigError(f"block_size {self.block_size} is too large (at most 4096 tokens)")
+        if self.heartbeat <= 0 or self.drain_timeout < 0:
+            raise ConfigError("heartbeat must be > 0 and drain_timeout >= 0 seconds")
+        if self.segment_size < 0:
+            raise ConfigError("segment_size must not be negative")
+        if self.conductor and not self.conductor.startswith("http://"):
+            raise ConfigError(f"conductor {self.conductor!r}: use http://HOST:PORT")
+        if not self.store:
+            raise ConfigError("store: give the master's HOST:PORT, or none")
+
+    @property
+    def uses_store(self) -> bool:
+        return self.store.lower() != "none"

@@ -1,0 +1,227 @@
+"""DecodeWorker: KV reservations filled by prefill workers, and continuous batching — one loop
+thread runs decode steps over every running request; requests join and leave between steps."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from mooncake_cli.engine import ModelError, Sequence
+from mooncake_cli.jsonhttp import HTTPError, Stream
+from mooncake_cli.worker import protocol
+from mooncake_cli.worker.admission import Admission
+from mooncake_cli.worker.decode_request import DecodeRequest, Reservation
+from mooncake_cli.worker.http import DecodeHandler
+from mooncake_cli.worker.runtime import WorkerRuntime
+
+log = logging.getLogger("mooncake.worker")
+RESERVATION_TTL = 120.0  # seconds a reservation waits for its /v1/generate before it is freed
+
+
+class DecodeWorker(WorkerRuntime):
+    role = "decode"
+    handler = DecodeHandler
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.admission = Admission(self.cache.num_blocks)
+        self._cv = threading.Condition()
+        self._reserved: dict[str, Reservation] = {}
+        self._waiting: deque[DecodeRequest] = deque()
+        self._running: list[DecodeRequest] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="mooncake-decode", daemon=True)
+        self._thread.start()
+
+    def load(self) -> dict[str, Any]:
+        with self._cv:
+            running, waiting = len(self._running), len(self._waiting)
+        return {"role": self.role, "running": running, "waiting": waiting,
+                "free_blocks": self.cache.allocator.free, "total_blocks": self.cache.num_blocks,
+                "recent_step_s": self.metrics.recent_step_s(), "queued_prefill_tokens": 0}
+
+    def _final_blocks(self, num_tokens: int, max_tokens: int) -> int:
+        return self.cache.blocks_for(min(num_tokens + max_tokens,
+                                         self.model.config.max_position))
+
+    # -- reservations ------------------------------------------------------------------------
+    def reserve(self, body: dict[str, Any]) -> dict[str, Any]:
+        rid = protocol.request_id(body)
+        num_tokens = protocol.integer(body, "num_tokens", 1)
+        max_tokens = protocol.integer(body, "max_tokens", 0, default=0)
+        need = self.cache.blocks_for(num_tokens)
+        budget = max(need, self._final_blocks(num_tokens, max_tokens))
+        if budget > self.cache.num_blocks:
+            self.metrics.add("requests_failed")
+            raise HTTPError(503, f"a request of {num_tokens} + {max_tokens} tokens needs "
+                                 f"{budget} KV blocks; this decode worker has "
+                                 f"{self.cache.num_blocks}", kind="unavailable")
+        with self._cv:
+            if rid in self.admission:
+                raise HTTPError(409, f"request {rid!r} already holds KV blocks here")
+            if not self.admission.set(rid, budget):
+                self.metrics.add("requests_failed")
+                raise HTTPError(503, f"KV cache full: {budget} blocks wanted, "
+                                     f"{self.admission.committed()} of {self.cache.num_blocks} "
+                                     "committed to running and reserved requests",
+                                kind="unavailable", headers={"Retry-After": "1"})
+            blocks = self.cache.allocator.allocate(need)
+            self._reserved[rid] = Reservation(rid, blocks, num_tokens)
+        assert self.engine is not None
+        return {"segment": self.engine.name, "engine": self.engine.address,
+                "block_ids": blocks, "block_bytes": self.ns.block_bytes,
+                "base": self.pool_region.base}
+
+    def release(self, body: dict[str, Any]) -> dict[str, Any]:
+        rid = protocol.request_id(body)
+        with self._cv:
+            res = self._reserved.pop(rid, None)
+            if res is None:
+                raise HTTPError(404, f"no KV reservation for request {rid!r}", kind="not_found")
+            n = len(res.blocks)
+            self._free(rid, res.blocks)
+        return {"request_id": rid, "released_blocks": n}
+
+    def _free(self, rid: str, blocks: list[int]) -> None:
+        self.cache.allocator.release(list(blocks))
+        blocks.clear()
+        self.admission.remove(rid)
+
+    # -- generation --------------------------------------------------------------------------
+    def generate(self, body: dict[str, Any]) -> Stream:
+        rid = protocol.request_id(body)
+        tokens = protocol.token_ids(body.get("token_ids"))
+        first = protocol.integer(body, "first_token", 0)
+        params = protocol.sampling(body)
+        if first >= self.model.config.vocab_size:
+            raise protocol.bad(f"'first_token' must be below the vocabulary size "
+                               f"{self.model.config.vocab_size}", "first_token")
+        with self._cv:
+            res = self._reserved.pop(rid, None)
+        if res is None:
+            raise HTTPError(404, f"no KV reservation for request {rid!r}: reserve blocks with "
+                                 "/v1/kv/reserve and fill them before /v1/generate",
+                            kind="not_found")
+        try:
+            if len(tokens) != res.num_tokens:
+                raise protocol.bad(f"{len(tokens)} prompt tokens, but the reservation holds "
+                                   f"the KV of {res.num_tokens}", "token_ids")
+            try:
+                seq = self.runner.new_sequence(tokens, params)
+            except ModelError as e:
+                raise protocol.bad(str(e), "token_ids") from None
+            budget = max(len(res.blocks), self._final_blocks(len(tokens), params.max_tokens))
+            if budget > self.cache.num_blocks:
+                raise HTTPError(503, f"{len(tokens)} + {params.max_tokens} tokens need {budget} "
+                                     f"KV blocks; this decode worker has "
+                                     f"{self.cache.num_blocks}", kind="unavailable")
+        except HTTPError:
+            with self._cv:
+                self._free(rid, res.blocks)
+            self.metrics.add("requests_failed")
+            raise
+        seq.block_table = res.blocks
+        seq.num_computed = len(tokens)
+        self._append(seq, first)
+        req = DecodeRequest(rid, seq, budget)
+        req.token(first, self.model.tokenizer.decode)
+        self.metrics.add("generated_tokens")
+        self.metrics.add("prompt_tokens", len(tokens))
+        self.metrics.add("kv_bytes_loaded", len(res.blocks) * self.ns.block_bytes)
+        with self._cv:
+            if seq.finished:
+                self._end(req)
+            else:
+                self._waiting.append(req)
+                self._cv.notify()
+        return Stream(req.stream(self._wake))
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        """Append the prefill's first token through the sampler, so stop conditions apply and a
+        seeded generator advances exactly as it would have in one process."""
+        logits = torch.full((1, self.model.config.vocab_size), float("-inf"))
+        logits[0, token] = 0.0
+        self.runner.sample([seq], logits)
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    def _end(self, req: DecodeRequest, error: str | None = None) -> None:
+        """Finish `req` (caller holds the lock): free its blocks, send its final event."""
+        self._free(req.request_id, req.seq.block_table)
+        req.finish(error)
+        if req in self._running:
+            self._running.remove(req)
+        self.metrics.add("requests_failed" if error or req.cancelled else "requests")
+
+    # -- the batch loop ----------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self._waiting:
+            head = self._waiting[0]
+            if head.cancelled:
+                self._waiting.popleft()
+                self._end(head)
+            elif self.admission.set(head.request_id, head.budget):
+                self._running.append(self._waiting.popleft())
+            else:
+                break  # first come, first served: it waits for blocks to be freed
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for rid, res in list(self._reserved.items()):
+            if now - res.created > RESERVATION_TTL:
+                log.warning("reservation %s unused for %.0f s: freeing its blocks", rid,
+                            RESERVATION_TTL)
+                del self._reserved[rid]
+                self._free(rid, res.blocks)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with self._cv:
+                self._admit()
+                self._expire()
+                for r in [r for r in self._running if r.cancelled]:
+                    self._end(r)
+                batch = list(self._running)
+                if not batch:
+                    self._cv.wait(0.2)
+                    continue
+            try:
+                t = time.perf_counter()
+                tokens = self.runner.decode([r.seq for r in batch])
+                self.metrics.step(time.perf_counter() - t)
+            except Exception as e:  # a failed step fails its batch, not the worker
+                log.exception("decode step failed")
+                with self._cv:
+                    for r in batch:
+                        self._end(r, f"decode step failed: {e}")
+                continue
+            self.metrics.add("generated_tokens", len(batch))
+            with self._cv:
+                for r, token in zip(batch, tokens, strict=True):
+                    r.token(token, self.model.tokenizer.decode)
+                    if r.seq.finished:
+                        self._end(r)
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._cv:
+                if not self._running and not self._waiting:
+                    break
+            time.sleep(0.05)
+        self._stop.set()
+        self._thread.join(timeout=30)
+        with self._cv:
+            for r in [*self._running, *self._waiting]:
+                self._end(r, f"decode worker {self.name} is shutting down")
+            self._waiting.clear()
+            for rid, res in list(self._reserved.items()):
+                self._free(rid, res.blocks)
+            self._reserved.clear()

@@ -1,0 +1,220 @@
+"""PrefillWorker: one request at a time in arrival order — reuse stored prefix blocks, compute
+the rest in chunks, stream the KV to the decode worker while computing, store new blocks."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mooncake_cli.engine import ModelError, Sequence
+from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.jsonhttp import HTTPError
+from mooncake_cli.kvkeys import block_keys
+from mooncake_cli.worker import protocol
+from mooncake_cli.worker.http import PrefillHandler
+from mooncake_cli.worker.kvstream import KVStream
+from mooncake_cli.worker.prefix import PrefixStore
+from mooncake_cli.worker.runtime import WorkerRuntime
+
+log = logging.getLogger("mooncake.worker")
+# which stored prefix blocks a request may load: any segment, only this worker's own, none
+REUSE = ("any", "local", "none")
+
+
+@dataclass
+class PrefillJob:
+    request_id: str
+    seq: Sequence
+    decode_url: str | None
+    reuse: str = "any"
+    arrived: float = field(default_factory=time.perf_counter)
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, Any] | None = None
+    error: HTTPError | None = None
+
+
+class PrefillWorker(WorkerRuntime):
+    role = "prefill"
+    handler = PrefillHandler
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix = PrefixStore(self.store, self.cache) if self.store is not None else None
+        self._queue: queue.Queue[PrefillJob | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._queued_tokens = 0
+        self._busy = 0
+        self._thread = threading.Thread(target=self._serve, name="mooncake-prefill", daemon=True)
+        self._thread.start()
+
+    def load(self) -> dict[str, Any]:
+        with self._lock:
+            queued, busy, tokens = self._queue.qsize(), self._busy, self._queued_tokens
+        return {"role": self.role, "running": busy, "waiting": queued,
+                "free_blocks": self.cache.allocator.free, "total_blocks": self.cache.num_blocks,
+                "recent_step_s": self.metrics.recent_step_s(),
+                "queued_prefill_tokens": tokens}
+
+    # -- the HTTP entry: validate, queue, wait ----------------------------------------------
+    def prefill(self, body: dict[str, Any]) -> dict[str, Any]:
+        rid = protocol.request_id(body)
+        if "token_ids" in body:
+            tokens = protocol.token_ids(body["token_ids"])
+        elif isinstance(body.get("prompt"), str) and body["prompt"]:
+            tokens = self.model.tokenizer.encode(body["prompt"])
+        else:
+            raise protocol.bad("give 'token_ids' (a list of ids) or 'prompt' (a string)",
+                               "token_ids")
+        params = protocol.sampling(body)
+        decode = body.get("decode")
+        if decode is not None and (not isinstance(decode, str) or not decode.startswith("http")):
+            raise protocol.bad("'decode' must be a decode worker URL (http://HOST:PORT) or null",
+                               "decode")
+        reuse = body.get("reuse", "any")
+        if reuse not in REUSE:
+            raise protocol.bad(f"'reuse' must be one of {', '.join(REUSE)}", "reuse")
+        try:
+            seq = self.runner.new_sequence(tokens, params)
+        except ModelError as e:
+            raise protocol.bad(str(e), "token_ids") from None
+        if self.cache.blocks_for(len(tokens)) > self.cache.num_blocks:
+            raise protocol.bad(f"prompt of {len(tokens)} tokens needs "
+                               f"{self.cache.blocks_for(len(tokens))} KV blocks; this worker "
+                               f"has {self.cache.num_blocks} (raise --kv-blocks)", "token_ids")
+        job = PrefillJob(rid, seq, decode, reuse)
+        with self._lock:
+            if self._queue.qsize() >= self.cfg.max_waiting:
+                raise HTTPError(503, f"prefill queue is full ({self.cfg.max_waiting} requests)",
+                                kind="unavailable", headers={"Retry-After": "1"})
+            self._queued_tokens += len(tokens)
+            self._queue.put(job)
+        job.done.wait()
+        if job.error is not None:
+            self.metrics.add("requests_failed")
+            raise job.error
+        assert job.result is not None
+        if "prompt" in body and "token_ids" not in body:
+            job.result["token_ids"] = tokens
+        return job.result
+
+    def _serve(self) -> None:
+        while (job := self._queue.get()) is not None:
+            with self._lock:
+                self._queued_tokens -= len(job.seq.prompt_ids)
+                self._busy = 1
+            try:
+                job.result = self._run(job)
+            except HTTPError as e:
+                job.error = e
+            except MooncakeError as e:
+                job.error = HTTPError(502, f"prefill {job.request_id} failed: {e}",
+                                      kind="server_error")
+            except Exception as e:  # the loop must survive any one request
+                log.exception("prefill %s failed", job.request_id)
+                job.error = HTTPError(500, f"prefill {job.request_id} failed: {e}",
+                                      kind="server_error")
+            finally:
+                with self._lock:
+                    self._busy = 0
+                job.done.set()
+
+    # -- one request -------------------------------------------------------------------------
+    def _run(self, job: PrefillJob) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        seq, bs = job.seq, self.cache.block_size
+        tokens = seq.prompt_ids
+        timing = {"queue": t0 - job.arrived, "load": 0.0, "compute": 0.0, "store": 0.0,
+                  "transfer": 0.0}
+        stream: KVStream | None = None
+        try:
+            if job.decode_url:
+                t = time.perf_counter()
+                assert self.engine is not None, "the worker is closed"
+                stream = KVStream(self.engine, self.pool_region, job.decode_url,
+                                  job.request_id, len(tokens), self.ns.block_bytes,
+                                  seq.params.max_tokens)
+                timing["transfer"] += time.perf_counter() - t
+            keys = block_keys(tokens, self.ns)
+            t = time.perf_counter()
+            loaded = self.prefix.load(keys, len(tokens), seq.block_table, job.reuse) \
+                if self.prefix and job.reuse != "none" else 0
+            seq.num_computed = loaded * bs
+            timing["load"] = time.perf_counter() - t
+            first, sent = self._compute(seq, stream, timing)
+            t = time.perf_counter()
+            full = len(tokens) // bs
+            stored = self.prefix.put(keys[loaded:full], seq.block_table[loaded:full]) \
+                if self.prefix else []
+            timing["store"] = time.perf_counter() - t
+            if stream is not None:
+                t = time.perf_counter()
+                stream.send((i, seq.block_table[i]) for i in range(sent, len(seq.block_table)))
+                stream.finish()
+                timing["transfer"] += time.perf_counter() - t
+                self.metrics.add("kv_bytes_sent", stream.bytes_sent)
+        except BaseException:
+            if stream is not None:
+                stream.release()
+            raise
+        finally:
+            self.runner.release(seq)
+        self._count(len(tokens), loaded * bs, len(stored))
+        timing["total"] = time.perf_counter() - job.arrived
+        return {"request_id": job.request_id, "first_token": first,
+                "prompt_tokens": len(tokens), "cached_tokens": loaded * bs,
+                "stored_keys": stored, "finish_reason": seq.finish_reason,
+                "timing": {k: round(v, 6) for k, v in timing.items()}}
+
+    def _compute(self, seq: Sequence, stream: KVStream | None,
+                 timing: dict[str, float]) -> tuple[int, int]:
+        """Chunked prefill of the pending tokens; after each chunk the newly completed blocks
+        go to the decode worker. (first token, blocks sent)."""
+        bs = self.cache.block_size
+        sent = 0
+        while True:
+            if stream is not None:
+                t = time.perf_counter()
+                full = seq.num_computed // bs
+                stream.send((i, seq.block_table[i]) for i in range(sent, full))
+                sent = max(sent, full)
+                timing["transfer"] += time.perf_counter() - t
+            t = time.perf_counter()
+            logits = self.runner.step([seq])
+            step = time.perf_counter() - t
+            self.metrics.step(step)
+            timing["compute"] += step
+            if seq.num_pending == 0:
+                t = time.perf_counter()
+                first = self.runner.sample([seq], logits)[0]
+                timing["compute"] += time.perf_counter() - t
+                return first, sent
+
+    def _count(self, prompt: int, hit: int, stored_blocks: int) -> None:
+        m = self.metrics
+        m.add("requests")
+        m.add("prompt_tokens", prompt)
+        m.add("prefix_hit_tokens", hit)
+        m.add("computed_tokens", prompt - hit)
+        m.add("kv_bytes_loaded", hit // self.cache.block_size * self.ns.block_bytes)
+        m.add("kv_bytes_stored", stored_blocks * self.ns.block_bytes)
+        m.add("generated_tokens", 1)
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def drain(self, timeout: float) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("prefill still running after %.0f s of draining", timeout)
+        while True:  # jobs behind the sentinel (or left by a timeout) fail clearly
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.error = HTTPError(503, f"prefill worker {self.name} is shutting down",
+                                      kind="unavailable")
+                job.done.set()

@@ -1,0 +1,114 @@
+"""Prefix reuse through the store: find the leading run of a prompt's blocks already stored,
+load them straight into the paged cache, and put newly computed blocks back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from mooncake_cli.engine import KVCache
+from mooncake_cli.kvkeys import fits, reusable_blocks
+from mooncake_cli.store.client import StoreClient
+from mooncake_cli.store.errors import StoreError
+from mooncake_cli.store.records import ReplicateConfig
+
+log = logging.getLogger("mooncake.worker")
+
+
+class PrefixStore:
+    """Block-level store I/O for one KV cache."""
+
+    def __init__(self, store: StoreClient, cache: KVCache) -> None:
+        self.store = store
+        self.cache = cache
+        own = store.segment is not None
+        self.put_config = ReplicateConfig(preferred_segment=store.engine.name if own else "")
+        on_host = cache.pool.device.type == "cpu"
+        # a device cache is staged through one host block (the store reads and writes host memory)
+        self._staging = None if on_host else torch.empty(cache.pool.shape[1:],
+                                                         dtype=cache.pool.dtype)
+
+    def _read(self, key: str, block: int) -> int:
+        if self._staging is None:
+            return self.store.get_into(key, self.cache.block(block))
+        got = self.store.get_into(key, self._staging)
+        self.cache.block(block).copy_(self._staging)
+        return got
+
+    def _host(self, block: int) -> torch.Tensor:
+        data = self.cache.block(block)
+        return data if self._staging is None else data.cpu()
+
+    def leading_hits(self, keys: Sequence[str], local: bool = False) -> int:
+        """How many leading keys the store holds (a miss ends the run); with `local`, only
+        objects with a replica in this worker's own segment count."""
+        if not keys:
+            return 0
+        try:
+            found = self.store.batch_exists(list(keys))
+        except StoreError as e:
+            log.warning("store lookup failed, computing the whole prompt: %s", e)
+            return 0
+        n = 0
+        for hit in found:
+            if hit is not True:
+                break
+            n += 1
+        if local:
+            own = self.store.engine.name
+            for i in range(n):
+                try:
+                    meta = self.store.describe(keys[i])
+                except StoreError:
+                    return i
+                if not any(r.segment == own for r in meta.replicas):
+                    return i
+        return n
+
+    def load(self, keys: Sequence[str], num_tokens: int, table: list[int],
+             reuse: str = "any") -> int:
+        """Load the reusable leading blocks of a `num_tokens` prompt into `table` (grown as
+        needed); the number of blocks loaded. A block that cannot be read (evicted since the
+        lookup, failed transfer, wrong size) ends the run: the rest is computed. `reuse`
+        "local" loads only blocks held in this worker's own segment."""
+        hits = self.leading_hits(keys, local=reuse == "local")
+        want = reusable_blocks(num_tokens, self.cache.block_size, hits)
+        if want == 0:
+            return 0
+        self.cache.ensure(table, want * self.cache.block_size)
+        size = self.cache.ns.block_bytes
+        for i in range(want):
+            if not fits(keys[i], self.cache.ns):
+                return i
+            try:
+                got = self._read(keys[i], table[i])
+            except StoreError as e:
+                log.info("block %d of the prefix is unavailable (%s): computing from there",
+                         i, e)
+                return i
+            if got != size:
+                log.warning("store object %s is %d bytes, expected %d: computing from there",
+                            keys[i], got, size)
+                return i
+        return want
+
+    def put(self, keys: Sequence[str], blocks: Sequence[int]) -> list[str]:
+        """Put each block under its key; the keys stored. Failures are logged, never raised
+        (an object already stored by another worker counts as not stored by us)."""
+        if not keys:
+            return []
+        try:
+            errors = self.store.batch_put(list(keys), [self._host(b) for b in blocks],
+                                          self.put_config)
+        except StoreError as e:
+            log.warning("storing %d KV blocks failed: %s", len(keys), e)
+            return []
+        stored = []
+        for key, err in zip(keys, errors, strict=True):
+            if err is None:
+                stored.append(key)
+            else:
+                log.info("not storing %s: %s", key, err)
+        return stored

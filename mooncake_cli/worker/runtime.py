@@ -1,0 +1,143 @@
+"""WorkerRuntime: what both roles share — the model, its paged KV cache registered with a
+transfer engine, an optional store client, the HTTP server, metrics and registration."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+from mooncake_cli.config import TransferConfig
+from mooncake_cli.engine import KVCache, ModelRunner, load_model
+from mooncake_cli.engine.kvcache import BlockAllocator
+from mooncake_cli.jsonhttp import JSONHandler, serve
+from mooncake_cli.registry import Registry
+from mooncake_cli.store.client import StoreClient
+from mooncake_cli.transfer.engine import TransferEngine
+from mooncake_cli.worker.config import WorkerConfig, split_listen
+from mooncake_cli.worker.metrics import WorkerMetrics
+from mooncake_cli.worker.registration import Registrar
+
+log = logging.getLogger("mooncake.worker")
+
+
+class LockedAllocator(BlockAllocator):
+    """The cache's block allocator, safe to share between HTTP threads and the step loop."""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self._lock = threading.Lock()
+
+    def allocate(self, n: int) -> list[int]:
+        with self._lock:
+            return super().allocate(n)
+
+    def release(self, blocks: list[int]) -> None:
+        with self._lock:
+            super().release(blocks)
+
+
+class WorkerRuntime:
+    """Loads everything at construction (binding the HTTP port); `start` serves, `close` stops.
+
+    Subclasses set `role` and `handler`, and implement `load()` and `drain()`."""
+
+    role = ""
+    handler: type[JSONHandler] = JSONHandler
+
+    def __init__(self, cfg: WorkerConfig, transfer: TransferConfig | None = None,
+                 registry: Registry | None = None) -> None:
+        self.cfg = cfg
+        self.draining = threading.Event()
+        self.model = load_model(cfg.model, cfg.device, cfg.dtype)
+        self.ns = self.model.namespace(cfg.block_size)
+        self.cache = KVCache(self.ns, cfg.kv_blocks, self.model.device)
+        self.cache.allocator = LockedAllocator(cfg.kv_blocks)
+        self.runner = ModelRunner(self.model, self.cache, cfg.chunk_size)
+        self.metrics = WorkerMetrics(self.role, {
+            "running": lambda: float(self.load()["running"]),
+            "waiting": lambda: float(self.load()["waiting"]),
+            "free_blocks": lambda: float(self.cache.allocator.free),
+            "total_blocks": lambda: float(self.cache.num_blocks)})
+        host, port = split_listen(cfg.listen)
+        self.http = serve(self.handler, self, host, port, f"mooncake-{self.role}-http")
+        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.http.port}"
+        self.name = cfg.name or f"{self.role}@{host}:{self.http.port}"
+        self.engine: TransferEngine | None = None
+        self.store: StoreClient | None = None
+        self._registrar: Registrar | None = None
+        try:
+            tc = transfer or TransferConfig()
+            p2p = tc.metadata.strip().lower() in ("p2p", "p2phandshake", "")
+            tc = dataclasses.replace(tc, host=host, name="" if p2p else (tc.name or self.name))
+            self.engine = TransferEngine(tc, registry or Registry.from_env())
+            self.pool_region = self.engine.register(self.cache.pool)
+            if cfg.uses_store:
+                self.store = StoreClient(cfg.store, self.engine, cfg.segment_size,
+                                         client_id=f"{self.name}-{self.engine.name}",
+                                         secret=tc.secret or None)
+        except BaseException:
+            self._release()
+            raise
+
+    # -- what both roles answer --------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"status": "draining" if self.draining.is_set() else "ok", "role": self.role,
+                "name": self.name, "model": self.ns.model, "block_size": self.cfg.block_size}
+
+    def load(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def registration(self) -> dict[str, Any]:
+        return {"role": self.role, "name": self.name, "url": self.url, "model": self.ns.model,
+                "block_size": self.cfg.block_size, "load": self.load()}
+
+    def describe(self) -> dict[str, Any]:
+        """The ready event: where it listens and what it serves."""
+        assert self.engine is not None
+        return {"event": "ready", "role": self.role, "name": self.name, "url": self.url,
+                "model": self.ns.model, "description": self.model.description,
+                "block_size": self.cfg.block_size, "kv_blocks": self.cfg.kv_blocks,
+                "kv_bytes_per_block": self.ns.block_bytes, "segment": self.engine.name,
+                "store": self.cfg.store if self.store else None,
+                "conductor": self.cfg.conductor or None}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> WorkerRuntime:
+        self.http.start()
+        if self.cfg.conductor:
+            self._registrar = Registrar(self.cfg.conductor, self.registration,
+                                        self.cfg.heartbeat).start()
+        return self
+
+    def drain(self, timeout: float) -> None:
+        """Refuse new work, let in-flight work finish for up to `timeout` s, fail the rest."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Drain, deregister, unmount the store segment, close the engine and the server."""
+        if self.draining.is_set():
+            return
+        self.draining.set()
+        try:
+            self.drain(self.cfg.drain_timeout)
+        finally:
+            if self._registrar is not None:
+                self._registrar.close(self.name)
+            self._release()
+
+    def _release(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        self.http.close()
+
+    def __enter__(self) -> WorkerRuntime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,107 @@
+"""Worker processes (`mooncake prefill`, `mooncake decode`) for the worker tests, a recording
+conductor stand-in, and the client side of the prefill -> decode hand-off."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from mooncake_cli.jsonhttp import JSONHandler, call, events, serve
+from tests.helpers.store_procs import REPO, _env, read_line
+
+
+class WorkerProc:
+    """`mooncake --json <role> ...` started at once; `ready()` waits for its ready line."""
+
+    def __init__(self, role: str, *args: str) -> None:
+        self.role = role
+        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", role,
+                                      *args], stdout=subprocess.PIPE, cwd=REPO, env=_env())
+        self.info: dict[str, Any] = {}
+
+    def ready(self, timeout: float = 90.0) -> WorkerProc:
+        if not self.info:
+            self.info = read_line(self.proc, timeout)
+            assert self.info.get("event") == "ready", self.info
+        return self
+
+    @property
+    def url(self) -> str:
+        return str(self.ready().info["url"])
+
+    def stop(self, timeout: float = 30.0) -> tuple[int | None, list[dict[str, Any]]]:
+        """SIGTERM; (exit code, the events printed after the ready line)."""
+        lines: list[dict[str, Any]] = []
+        assert self.proc.stdout is not None
+        if self.proc.stdout.closed:
+            return self.proc.returncode, lines
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc: int | None = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+            rc = None
+        for raw in self.proc.stdout.read().splitlines():
+            if raw.strip():
+                lines.append(json.loads(raw))
+        self.proc.stdout.close()
+        return rc, lines
+
+
+class _Recorder(JSONHandler):
+    routes = {("POST", "/v1/instances/register"): "register",
+              ("POST", "/v1/instances/deregister"): "deregister"}
+
+    def register(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
+        with self.app.lock:
+            self.app.registered.append(body)
+        return 200, {"ok": True}
+
+    def deregister(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
+        with self.app.lock:
+            self.app.deregistered.append(body)
+        return 200, {"ok": True}
+
+
+class ConductorRecorder:
+    """A real HTTP server taking the workers' registrations (what a conductor receives)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.registered: list[dict[str, Any]] = []
+        self.deregistered: list[dict[str, Any]] = []
+        self.server = serve(_Recorder, self, "127.0.0.1", 0, "test-conductor").start()
+        self.url = f"http://127.0.0.1:{self.server.port}"
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def complete(prefill_url: str, decode_url: str | None, rid: str, token_ids: list[int],
+             sampling: dict[str, Any]) -> tuple[dict[str, Any], list[int], dict[str, Any]]:
+    """Prefill (handing over to `decode_url`), then generate there: (prefill answer, all output
+    ids, final event)."""
+    answer = call(prefill_url + "/v1/prefill", {"request_id": rid, "token_ids": token_ids,
+                                               "sampling": sampling, "decode": decode_url},
+                  timeout=120)
+    assert answer.status == 200, answer.body
+    if decode_url is None:
+        return answer.body, [answer.body["first_token"]], {}
+    out: list[int] = []
+    final: dict[str, Any] = {}
+    for event in events(decode_url + "/v1/generate",
+                        {"request_id": rid, "token_ids": token_ids,
+                         "first_token": answer.body["first_token"], "sampling": sampling},
+                        timeout=120):
+        if "token" in event:
+            out.append(event["token"])
+        else:
+            final = event
+    assert out[0] == answer.body["first_token"]
+    return answer.body, out, final
