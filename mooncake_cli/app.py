@@ -116,6 +116,13 @@ def _register() -> None:
     app.add_typer(transfer.app, name="transfer")
     app.add_typer(store.app, name="store")
     app.add_typer(bench.app, name="bench")
+    from mooncake_cli.commands.doctor import doctor
+    app.command("doctor")(doctor)
+    from mooncake_cli.commands import workers
+    app.command("prefill")(workers.prefill)
+    app.command("decode")(workers.decode)
+    from mooncake_cli.commands import conductor
+    app.add_typer(conductor.app, name="conductor")
 
 
 _register()

@@ -43,6 +43,7 @@ def run_profile(cfg: ProfileConfig, progress: Progress | None = None) -> dict[st
         "model": f"{profiler.model.model_id} ({profiler.model.description})",
         "device": f"{profiler.model.device} {cfg.dtype}, {cfg.chunk_size}-token chunks",
         "block_tokens": cfg.block_size,
+        "chunk_tokens": cfg.chunk_size,
         "kv_bytes_per_token": ns.block_bytes // cfg.block_size,
         "bandwidth_bytes_per_s": float(cfg.bandwidth),
         "prefill": fit["prefill"],

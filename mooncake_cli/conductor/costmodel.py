@@ -24,9 +24,11 @@ profile.json (schema "mooncake.profile/1"), all times in seconds::
       "decode": [{"batch": 8, "context_tokens": 16384, "seconds": 0.031}, ...]
     }
 
-Prefill samples are fitted to `c0 + c_quad*(n^2 - p^2) + c_lin*(n - p)` and decode samples to
-`d0 + d_batch*batch + d_ctx*context_tokens` (least squares, negative terms dropped); at least
-three prefill samples with distinct lengths and one decode sample are required.
+Prefill samples are fitted to `c0 + c_quad*(n^2 - p^2) + c_lin*(n - p) + c_chunk*chunks` (chunks
+= ceil((n - p) / chunk_tokens), when the optional "chunk_tokens" is given: a chunked prefill pays
+one forward pass per chunk) and decode samples to `d0 + d_batch*batch + d_ctx*context_tokens`
+(least squares of the relative error, negative terms dropped); at least three prefill samples
+with distinct lengths and one decode sample are required.
 """
 
 from __future__ import annotations
@@ -131,12 +133,15 @@ class FittedCostModel:
     d0: float
     d_batch: float
     d_ctx: float
+    c_chunk: float = 0.0  # per prefill chunk (a forward pass), when chunk_tokens is known
+    chunk_tokens: int = 0
 
     def prefill_time(self, n: int, p: int = 0) -> float:
         p = min(max(p, 0), n)
         if n == p:
             return 0.0
-        return self.c0 + self.c_quad * (n * n - p * p) + self.c_lin * (n - p)
+        return self.c0 + self.c_quad * (n * n - p * p) + self.c_lin * (n - p) + \
+            self.c_chunk * _chunks(n - p, self.chunk_tokens)
 
     def decode_step_time(self, batch: int, context_tokens: int) -> float:
         if batch <= 0:
@@ -144,14 +149,20 @@ class FittedCostModel:
         return self.d0 + self.d_batch * batch + self.d_ctx * context_tokens
 
 
+def _chunks(tokens: int, chunk: int) -> int:
+    return -(-tokens // chunk) if chunk > 0 else 0
+
+
 def _fit(rows: list[list[float]], ys: list[float]) -> list[float]:
-    """Non-negative least squares by dropping negative terms until none is left."""
+    """Non-negative least squares of the relative error (each row weighted by 1/y, so short
+    and long samples count alike), dropping negative terms until none is left."""
     import numpy as np
 
+    w = np.array([1.0 / y if y > 0 else 1.0 for y in ys])
     active = list(range(len(rows[0])))
     while active:
-        a = np.array([[r[i] for i in active] for r in rows], dtype=float)
-        sol, *_ = np.linalg.lstsq(a, np.array(ys, dtype=float), rcond=None)
+        a = np.array([[r[i] for i in active] for r in rows], dtype=float) * w[:, None]
+        sol, *_ = np.linalg.lstsq(a, np.array(ys, dtype=float) * w, rcond=None)
         if (sol >= 0).all():
             out = [0.0] * len(rows[0])
             for i, v in zip(active, sol, strict=True):
@@ -181,13 +192,14 @@ def profile_model(doc: dict[str, Any], path: str = "profile") -> FittedCostModel
     prefill, decode = doc.get("prefill"), doc.get("decode")
     if not isinstance(prefill, list) or not isinstance(decode, list) or not decode:
         raise ConfigError(f"{path}: needs lists 'prefill' and 'decode' of samples")
+    chunk = int(_field(doc, "chunk_tokens", path, int)) if "chunk_tokens" in doc else 0
     p_rows, p_ys = [], []
     for i, s in enumerate(prefill):
         where = f"{path}: prefill[{i}]"
         n, p = _field(s, "input_tokens", where, int), _field(s, "cached_tokens", where, int)
         if p > n:
             raise ConfigError(f"{where}: cached_tokens {p} exceeds input_tokens {n}")
-        p_rows.append([1.0, float(n * n - p * p), float(n - p)])
+        p_rows.append([1.0, float(n * n - p * p), float(n - p), float(_chunks(n - p, chunk))])
         p_ys.append(_field(s, "seconds", where))
     if len({r[2] for r in p_rows}) < 3:
         raise ConfigError(f"{path}: need prefill samples of at least 3 distinct uncached lengths")
@@ -197,7 +209,7 @@ def profile_model(doc: dict[str, Any], path: str = "profile") -> FittedCostModel
         d_rows.append([1.0, float(_field(s, "batch", where, int)),
                        float(_field(s, "context_tokens", where, int))])
         d_ys.append(_field(s, "seconds", where))
-    c0, cq, cl = _fit(p_rows, p_ys)
+    c0, cq, cl, cc = _fit(p_rows, p_ys)
     d0, db, dc = _fit(d_rows, d_ys)
     block = _field(doc, "block_tokens", path, int)
     kv = _field(doc, "kv_bytes_per_token", path, int)
@@ -206,7 +218,7 @@ def profile_model(doc: dict[str, Any], path: str = "profile") -> FittedCostModel
         raise ConfigError(f"{path}: block_tokens, kv_bytes_per_token and "
                           "bandwidth_bytes_per_s must be > 0")
     name = f"profile: {doc.get('model', '?')} on {doc.get('device', '?')}"
-    return FittedCostModel(name, block, kv, bw, c0, cq, cl, d0, db, dc)
+    return FittedCostModel(name, block, kv, bw, c0, cq, cl, d0, db, dc, cc, chunk)
 
 
 def load_profile(path: str) -> FittedCostModel:

@@ -1,0 +1,160 @@
+"""Live trace replay: a Mooncake-format trace sent to a running conductor's OpenAI API.
+
+Token ids are synthesised so that equal hash ids give equal token blocks: block `h` of the trace
+becomes `block_tokens` ids drawn from xxh64(seed, h, i) (a tiny model on a CPU cannot take the
+trace's 512-token blocks, so `block_tokens` scales every request down). Requests are sent at
+their (scaled) arrival times with streaming on; TTFT is the time to the first streamed token,
+a request's TBT is the mean of its longest 10% token gaps (the paper's definition), and the
+prefix-hit ratio is read from the conductor's metrics (tokens the prefill workers reused).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from mooncake_cli import jsonhttp
+from mooncake_cli.bench.sim_metrics import spread
+from mooncake_cli.bench.trace_file import TRACE_BLOCK_TOKENS, TraceRequest
+from mooncake_cli.interfaces import ConfigError
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    block_tokens: int = 16  # synthesised tokens per trace block
+    max_input: int = 512  # tokens; longer prompts are cut
+    max_output: int = 16
+    vocab: int = 256  # synthesised ids lie in [1, vocab)
+    concurrency: int = 64
+    seed: int = 0
+    ttft_threshold: float = 30.0
+    tbt_thresholds: tuple[float, ...] = (0.1, 0.2, 0.3)
+    timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("block_tokens", "max_input", "max_output", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if self.vocab < 2:
+            raise ConfigError("vocab must be >= 2")
+
+
+def synthesise(req: TraceRequest, cfg: ReplayConfig) -> list[int]:
+    """The prompt of `req`: its blocks' ids, scaled to `block_tokens` per 512-token block."""
+    n = min(cfg.max_input, max(1, math.ceil(req.input_tokens * cfg.block_tokens /
+                                            TRACE_BLOCK_TOKENS)))
+    ids: list[int] = []
+    for h in req.hash_ids:
+        if len(ids) >= n:
+            break
+        for i in range(cfg.block_tokens):
+            d = xxhash.xxh64_intdigest(f"{cfg.seed}:{h}:{i}".encode())
+            ids.append(1 + d % (cfg.vocab - 1))
+    return ids[:n]
+
+
+@dataclass
+class Outcome:
+    status: int = 0
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    error: str = ""
+
+    def tbt(self) -> float | None:
+        if not self.gaps:
+            return None
+        k = max(1, math.ceil(len(self.gaps) * 0.1))
+        top = sorted(self.gaps)[-k:]
+        return sum(top) / len(top)
+
+
+def _send(url: str, model: str, prompt: list[int], max_tokens: int,
+          timeout: float) -> Outcome:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    out, start = Outcome(), time.monotonic()
+    last = start
+    try:
+        for ev in jsonhttp.events(url + "/v1/completions", body, timeout=timeout):
+            if "error" in ev:
+                out.error = str(ev["error"].get("message", ev["error"]))
+                continue
+            if not ev.get("choices") or ev["choices"][0].get("finish_reason"):
+                continue
+            now = time.monotonic()
+            if out.ttft is None:
+                out.ttft = now - start
+            else:
+                out.gaps.append(now - last)
+            last = now
+        out.status = 200 if not out.error else 500
+    except jsonhttp.HTTPError as e:
+        out.status, out.error = e.status, str(e)
+    except OSError as e:
+        out.status, out.error = 0, str(e)
+    return out
+
+
+def _metric(text: str, name: str) -> float:
+    found = re.search(rf"^mooncake_conductor_{name} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _hits(url: str) -> tuple[float, float]:
+    text = jsonhttp.call(url + "/metrics").body.get("text", "")
+    return _metric(text, "prefix_hit_tokens_total"), _metric(text, "prompt_tokens_total")
+
+
+def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
+           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Replay `reqs` (arrivals already scaled) against the conductor at `url`."""
+    models = jsonhttp.call(url + "/v1/models")
+    if models.status != 200 or not models.body.get("data"):
+        raise ConfigError(f"{url} is not an OpenAI-compatible server (GET /v1/models "
+                          f"answered {models.status})")
+    model = models.body["data"][0]["id"]
+    hit0, prompt0 = _hits(url)
+    outcomes: list[Outcome] = []
+    lock, done = threading.Lock(), [0]
+    t0 = time.monotonic()
+    base = reqs[0].arrival if reqs else 0.0
+
+    def one(r: TraceRequest) -> Outcome:
+        delay = (r.arrival - base) - (time.monotonic() - t0)
+        if delay > 0:
+            time.sleep(delay)
+        o = _send(url, model, synthesise(r, cfg), min(max(1, r.output_tokens), cfg.max_output),
+                  cfg.timeout)
+        with lock:
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], len(reqs))
+        return o
+
+    with ThreadPoolExecutor(max_workers=cfg.concurrency) as pool:
+        outcomes = list(pool.map(one, reqs))
+    wall = time.monotonic() - t0
+    hit1, prompt1 = _hits(url)
+    ok = [o for o in outcomes if o.status == 200]
+    ttft = [o.ttft for o in ok if o.ttft is not None]
+    tbt = [t for t in (o.tbt() for o in ok) if t is not None]
+    capacity = {f"{lim * 1e3:g}ms": sum(1 for o in ok if o.ttft is not None
+                                        and o.ttft <= cfg.ttft_threshold
+                                        and (o.tbt() or 0.0) <= lim)
+                for lim in cfg.tbt_thresholds}
+    prompt = prompt1 - prompt0
+    return {"requests": len(reqs), "served": len(ok),
+            "rejected_429": sum(1 for o in outcomes if o.status == 429),
+            "errors": sum(1 for o in outcomes if o.status not in (200, 429)),
+            "first_error": next((o.error for o in outcomes if o.error), None),
+            "ttft_s": spread(ttft), "tbt_s": spread(tbt),
+            "prefix_hit_ratio": round((hit1 - hit0) / prompt, 4) if prompt else 0.0,
+            "capacity": capacity, "wall_s": round(wall, 2)}

@@ -1,0 +1,153 @@
+"""`mooncake bench trace --simulate`: the scheduler against simulated instances."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.table import Table
+
+from mooncake_cli.bench.sim_config import SimConfig
+from mooncake_cli.bench.sim_plot import require_matplotlib, write_plots
+from mooncake_cli.bench.sim_run import simulate
+from mooncake_cli.config import load
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.output import Out
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _human(rep: dict[str, Any], plots: list[str]) -> Any:
+    def draw(con: Console) -> None:
+        s = rep["setup"]
+        t = Table(title=f"bench trace --simulate: {rep['requests']} requests, {rep['model']}; "
+                        f"{s['prefill']} prefill + {s['decode']} decode instances, cache "
+                        f"{s['cache_tokens']} tokens each, timestamps / {s['time_scale']:g}",
+                  title_justify="left", box=box.SIMPLE_HEAD, caption_justify="left",
+                  caption="TTFT: mean and percentiles, s; TBT: a request's mean of its longest "
+                          "10% token gaps, s; hit: input tokens reused; ≤X: requests served "
+                          f"with TTFT <= {s['ttft_threshold']:g} s and TBT <= X; µs: "
+                          "scheduling time per request, p50")
+        limits = [f"{float(x) * 1e3:g}ms" for x in s["tbt_thresholds"].split(",")]
+        cols = ["row", "TTFT", "p50", "p90", "p99", "TBTp99", "hit", "429",
+                *(f"≤{x}" for x in limits), "µs"]
+        for c in cols:
+            t.add_column(c, justify="left" if c == "row" else "right", no_wrap=True)
+        for group in ("policies", "baselines"):
+            for name, r in rep[group].items():
+                tt, tb, cap = r["ttft_s"], r["tbt_s"] or {}, r["capacity"] or {}
+                t.add_row(name, _f(tt["mean"], 3), _f(tt["p50"]), _f(tt["p90"]), _f(tt["p99"]),
+                          _f(tb.get("p99"), 3), f"{r['prefix_hit_ratio']:.1%}",
+                          str(r["rejected_429"]), *(str(cap.get(x, "-")) for x in limits),
+                          _f((r.get("schedule_us") or {}).get("p50"), 1))
+        con.print(t)
+        con.print(f"infinite-cache ceiling: {rep['ceiling_hit_ratio']:.1%} of input tokens")
+        for k, v in rep["ratios"].items():
+            con.print(f"mean TTFT {k}: {v:.3f}")
+        for p in plots:
+            con.print(f"wrote {p}")
+        con.print(f"simulated in {rep['wall_s']:.1f} s")
+    return draw
+
+
+class _Bars:
+    def __init__(self, console: Console) -> None:
+        self.bar = Progress(TextColumn("{task.description:<22}"), BarColumn(),
+                            MofNCompleteColumn(), console=console, transient=True)
+        self._tasks: dict[str, TaskID] = {}
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        task = self._tasks.get(label)
+        if task is None:
+            task = self._tasks[label] = self.bar.add_task(label, total=total)
+        self.bar.update(task, completed=done)
+
+
+def trace(
+    ctx: typer.Context,
+    trace_file: str = typer.Option(..., "--trace", metavar="FILE", help="Mooncake-format "
+                                   "JSONL trace (timestamp ms, input_length, output_length, "
+                                   "hash_ids of 512-token blocks)."),
+    simulate_: bool = typer.Option(False, "--simulate", help="Run the scheduler against "
+                                   "simulated instances (else: live, with --url or --local)."),
+    preset: str = typer.Option(None, "--preset", help="paper (default: the FAST'25 setup, "
+                               "LLaMA3-70B on 8xA800) or none (with --profile)."),
+    policy: str = typer.Option(None, "--policy", help="all (default), or one or more of "
+                               "random, round-robin, least-load, cache-aware, "
+                               "kvcache-centric, kvcache-pipeline (comma-separated)."),
+    prefill: int = typer.Option(None, "--prefill", help="Prefill instances [default: 16]."),
+    decode: int = typer.Option(None, "--decode", help="Decode instances, for TBT "
+                               "[default: 16; 0: not simulated]."),
+    colocated: int = typer.Option(None, "--colocated", help="Instances of the colocated "
+                                  "(vLLM-like) baselines [default: prefill + decode; -1: skip]."),
+    cache_tokens: int = typer.Option(None, "--cache-tokens", help="LRU prefix cache per "
+                                     "instance in tokens [default: 3000000]."),
+    time_scale: float = typer.Option(None, "--time-scale", help="Divide trace timestamps by "
+                                     "this [default: 2]."),
+    chunk_tokens: int = typer.Option(None, "--chunk-tokens", help="Token budget per step of "
+                                     "the chunked-prefill baselines [default: 512]."),
+    limit: int = typer.Option(None, "--limit", help="Only the first N requests."),
+    seed: int = typer.Option(None, "--seed", help="Seed of the random policy [default: 0]."),
+    ttft_slo: float = typer.Option(None, "--ttft-slo", help="Answer 429 when the estimated "
+                                   "TTFT exceeds this many seconds [default: off]."),
+    tbt_slo: float = typer.Option(None, "--tbt-slo", help="Answer 429 when the estimated "
+                                  "TBT exceeds this many seconds [default: off]."),
+    profile: str = typer.Option(None, "--profile", metavar="FILE", help="Cost model from a "
+                                "profile.json (mooncake.profile/1) instead of the paper's."),
+    explain: str = typer.Option(None, "--explain", metavar="FILE", help="Write every "
+                                "decision with its per-candidate estimates as JSON lines."),
+    plot: str = typer.Option(None, "--plot", metavar="DIR", help="Write ttft_cdf.png and "
+                             "hit_ratio.png (needs matplotlib)."),
+    url: str = typer.Option(None, "--url", help="Live replay against this running conductor "
+                            "(http://HOST:PORT)."),
+    local: str = typer.Option(None, "--local", metavar="P,D", help="Live replay: start a "
+                              "cluster of P prefill + D decode workers per policy in "
+                              "--policy [default: random,kvcache-centric]."),
+    model: str = typer.Option("demo", "--model", help="With --local: checkpoint dir or demo."),
+    block_tokens: int = typer.Option(16, "--block-tokens", help="Live: synthesised tokens per "
+                                     "512-token trace block (scales requests down)."),
+    max_input: int = typer.Option(512, "--max-input", help="Live: prompt tokens at most."),
+    max_output: int = typer.Option(16, "--max-output", help="Live: output tokens at most."),
+    vocab: int = typer.Option(256, "--vocab", help="Live: synthesised token ids lie in "
+                              "[1, vocab)."),
+    kv_blocks: int = typer.Option(None, "--kv-blocks", help="Live, --local: KV blocks per "
+                                  "worker [default: 512]."),
+) -> None:
+    """Replay a trace: --simulate runs the scheduler against simulated instances (TTFT and TBT
+    percentiles, prefix-hit ratio and its infinite-cache ceiling, 429s and effective request
+    capacity per policy, next to colocated vLLM-like baselines); --url or --local replays it
+    against a live conductor through the OpenAI API."""
+    out: Out = ctx.obj
+    if not simulate_:
+        if not (url or local):
+            raise ConfigError("give --simulate, --url URL (a running conductor) or --local P,D")
+        from mooncake_cli.bench.trace_live import ReplayConfig
+        from mooncake_cli.commands.bench_trace_live import run_live
+
+        rcfg = ReplayConfig(block_tokens=block_tokens, max_input=max_input,
+                            max_output=max_output, vocab=vocab, seed=seed or 0)
+        run_live(out, trace_file, url, local, model, policy, time_scale or 1.0, limit, rcfg,
+                 kv_blocks)
+        return
+    if preset is None and profile:
+        preset = "none"
+    cfg = load(SimConfig, "bench_trace", out.config_file, preset=preset, policy=policy,
+               prefill=prefill, decode=decode, colocated=colocated, cache_tokens=cache_tokens,
+               time_scale=time_scale, chunk_tokens=chunk_tokens, limit=limit, seed=seed,
+               ttft_slo=ttft_slo, tbt_slo=tbt_slo)
+    if plot:
+        require_matplotlib()  # fail before a long run, not after it
+    if out.json:
+        report, ttfts = simulate(cfg, trace_file, profile, None, explain)
+    else:
+        bars = _Bars(out.err)
+        with bars.bar:
+            report, ttfts = simulate(cfg, trace_file, profile, bars, explain)
+    plots = write_plots(report, ttfts, plot) if plot else []
+    report["plots"] = plots
+    out.emit(report, _human(report, plots))

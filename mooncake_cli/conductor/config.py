@@ -1,0 +1,80 @@
+"""ConductorConfig: the live conductor's settings (the `[conductor]` table of cluster.toml).
+
+    [conductor]
+    host = "127.0.0.1"
+    port = 8000
+    model = "demo"                        # checkpoint dir or demo name: tokenizer + KV geometry
+    served_model_name = "demo"            # the name clients put in "model"
+    policy = "kvcache-centric"
+    prefill = ["http://10.0.0.1:9100"]    # static instances (workers may also register)
+    decode = ["http://10.0.0.2:9200"]
+    ttft_slo = 30.0                       # seconds; 0 admits everything
+    tbt_slo = 0.2
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mooncake_cli.interfaces import ConfigError
+
+
+def _urls(value: Any, name: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{name} must be a list of http://HOST:PORT URLs")
+    out = []
+    for v in value:
+        v = v.strip().rstrip("/")
+        if not v.startswith("http://"):
+            v = "http://" + v
+        out.append(v)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ConductorConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "demo"  # checkpoint directory or demo name (tokenizer and KV geometry)
+    served_model_name: str = ""  # "" -> the model's id
+    dtype: str = "float32"  # the workers' KV dtype (part of every block key)
+    block_size: int = 16  # tokens per KV block: must equal the workers'
+    policy: str = "kvcache-centric"
+    seed: int = 0
+    prefill: tuple[str, ...] = ()
+    decode: tuple[str, ...] = ()
+    ttft_slo: float = 0.0  # seconds; 0: no TTFT admission
+    tbt_slo: float = 0.0  # seconds; 0: no TBT admission
+    instance_ttl: float = 5.0  # an instance silent this long is dead
+    poll_interval: float = 1.0  # seconds between load polls of each instance
+    retries: int = 2  # other prefill instances tried when one fails
+    request_timeout: float = 300.0
+    profile: str = ""  # profile.json from `mooncake bench profile`; "" learns online
+    explain: str = ""  # JSONL file of every scheduling decision; "" for none
+    bandwidth: float = 1e9  # bytes/s between instances, for fetch estimates (online model)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefill", _urls(self.prefill, "prefill"))
+        object.__setattr__(self, "decode", _urls(self.decode, "decode"))
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port {self.port} is out of range 0-65535")
+        if self.block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
+        for name in ("ttft_slo", "tbt_slo"):
+            v = getattr(self, name)
+            if v < 0 or not math.isfinite(v):
+                raise ConfigError(f"{name} must be >= 0 seconds (0: no limit), got {v}")
+        if min(self.instance_ttl, self.poll_interval, self.request_timeout, self.bandwidth) <= 0:
+            raise ConfigError("instance_ttl, poll_interval, request_timeout and bandwidth "
+                              "must be positive")
+        if self.retries < 0:
+            raise ConfigError("retries must be >= 0")
+        from mooncake_cli.conductor.scheduler import POLICIES
+
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy '{self.policy}': use one of "
+                              f"{', '.join(POLICIES)}")

@@ -1,0 +1,172 @@
+"""The live registry of prefill and decode workers, kept in step with the scheduler's Cluster.
+
+Workers come from the static config (polled: GET /health then /v1/load) or register themselves
+(POST /v1/instances/register, repeated as a heartbeat). An instance silent for `ttl` seconds, or
+one a request could not reach, is marked dead: the scheduler stops choosing it; a registered
+instance silent for 3 x ttl is dropped with its cached blocks. A static one stays and is polled
+again, so it comes back when it answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mooncake_cli import jsonhttp
+from mooncake_cli.conductor.state import ROLES, Cluster
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Instance:
+    name: str
+    role: str
+    url: str
+    static: bool = False
+    last_seen: float = 0.0
+    load: dict[str, Any] = field(default_factory=dict)
+    dead_reason: str = ""
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "url": self.url, "static": self.static,
+                "alive": not self.dead_reason, "dead_reason": self.dead_reason or None,
+                "seen_s_ago": round(now - self.last_seen, 3), "load": self.load}
+
+
+class Instances:
+    """Registry of workers; `lock` guards it together with the cluster it updates."""
+
+    def __init__(self, cluster: Cluster, ttl: float, block_size: int,
+                 on_decode_step: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cluster = cluster
+        self.ttl = ttl
+        self.block_size = block_size
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._by_name: dict[str, Instance] = {}
+        self._on_decode_step = on_decode_step
+
+    def register(self, body: dict[str, Any], static: bool = False) -> Instance:
+        """Add or refresh an instance from a registration body / a polled /health + load."""
+        name, role, url = body.get("name"), body.get("role"), body.get("url")
+        if not isinstance(name, str) or not name or role not in ROLES or \
+                not isinstance(url, str) or not url.startswith("http://"):
+            raise ValueError("registration needs 'name', 'role' (prefill or decode) and an "
+                             "http:// 'url'")
+        raw_load = body.get("load")
+        load: dict[str, Any] = raw_load if isinstance(raw_load, dict) else {}
+        with self.lock:
+            inst = self._by_name.get(name)
+            if inst is None or inst.role != role:
+                if inst is not None:
+                    self.cluster.remove(name)
+                inst = self._by_name[name] = Instance(name, role, url.rstrip("/"), static)
+                self.cluster.add(name, role)
+                log.info("%s instance %s at %s joined", role, name, url)
+            inst.url, inst.static = url.rstrip("/"), inst.static or static
+            inst.last_seen, inst.load, inst.dead_reason = self.clock(), load, ""
+            self._apply_load(inst)
+            return inst
+
+    def _apply_load(self, inst: Instance) -> None:
+        state = self.cluster.by_name[inst.name]
+        state.alive = True
+        if inst.role != "decode" or not inst.load:
+            return
+        ld = inst.load
+        total = int(ld.get("total_blocks", 0) or 0)
+        if total:
+            state.kv_capacity_tokens = total * self.block_size
+            state.context_tokens = (total - int(ld.get("free_blocks", 0) or 0)) * self.block_size
+        state.batch = int(ld.get("running", 0) or 0) + int(ld.get("waiting", 0) or 0)
+        step = float(ld.get("recent_step_s", 0) or 0)
+        if step > 0 and self._on_decode_step is not None:
+            self._on_decode_step(step)
+
+    def deregister(self, name: str) -> bool:
+        with self.lock:
+            if self._by_name.pop(name, None) is None:
+                return False
+            self.cluster.remove(name)
+            log.info("instance %s left", name)
+            return True
+
+    def mark_dead(self, name: str, why: str) -> None:
+        with self.lock:
+            inst = self._by_name.get(name)
+            if inst is not None and not inst.dead_reason:
+                inst.dead_reason = why
+                self.cluster.by_name[name].alive = False
+                log.warning("instance %s is dead: %s", name, why)
+
+    def expire(self) -> None:
+        """Mark silent instances dead; drop registered ones silent for 3 x ttl."""
+        now = self.clock()
+        with self.lock:
+            for inst in list(self._by_name.values()):
+                silent = now - inst.last_seen
+                if not inst.static and silent > 3 * self.ttl:
+                    self.deregister(inst.name)
+                elif silent > self.ttl:
+                    self.mark_dead(inst.name, f"silent for {silent:.1f} s")
+
+    def url(self, name: str) -> str:
+        with self.lock:
+            return self._by_name[name].url
+
+    def get(self, name: str) -> Instance | None:
+        with self.lock:
+            return self._by_name.get(name)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        with self.lock:
+            return [i.to_dict(now) for i in sorted(self._by_name.values(),
+                                                   key=lambda i: (i.role, i.name))]
+
+
+def poll(url: str, timeout: float = 2.0) -> dict[str, Any]:
+    """A static worker's registration body, read from its /health and /v1/load."""
+    health = jsonhttp.call(url + "/health", timeout=timeout)
+    load = jsonhttp.call(url + "/v1/load", timeout=timeout)
+    if health.status != 200 or load.status != 200:
+        raise OSError(f"{url} answered {health.status}/{load.status}")
+    return {"name": health.body.get("name"), "role": health.body.get("role"), "url": url,
+            "load": load.body}
+
+
+class Poller:
+    """Polls the static URLs and expires silent instances every `interval` seconds."""
+
+    def __init__(self, instances: Instances, urls: tuple[str, ...], interval: float) -> None:
+        self.instances, self.urls, self.interval = instances, urls, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="conductor-poll")
+
+    def start(self) -> Poller:
+        self.poll_once()
+        self._thread.start()
+        return self
+
+    def poll_once(self) -> None:
+        for url in self.urls:
+            try:
+                self.instances.register(poll(url, timeout=self.interval * 2), static=True)
+            except (OSError, ValueError) as e:
+                log.debug("poll %s: %s", url, e)
+        self.instances.expire()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll_once()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval * 4)

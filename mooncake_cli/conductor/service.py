@@ -1,0 +1,88 @@
+"""ConductorService: a ConductorConfig -> the running conductor (HTTP front, poller, scheduler).
+
+    svc = ConductorService(cfg).start()
+    svc.url          # http://127.0.0.1:PORT
+    svc.close()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mooncake_cli.conductor.config import ConductorConfig
+from mooncake_cli.conductor.costmodel import CostModel, load_profile
+from mooncake_cli.conductor.http_front import ConductorHandler
+from mooncake_cli.conductor.instances import Instances, Poller
+from mooncake_cli.conductor.live import Conductor, ServedModel
+from mooncake_cli.conductor.live_metrics import ConductorMetrics
+from mooncake_cli.conductor.online_cost import OnlineCostModel
+from mooncake_cli.conductor.scheduler import Scheduler, Slo, make_policy
+from mooncake_cli.conductor.state import Cluster
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.jsonhttp import serve
+from mooncake_cli.kvkeys import KVNamespace, model_id_from
+
+
+def served_model(cfg: ConductorConfig) -> ServedModel:
+    """Tokenizer, KV namespace and context length of `cfg.model`, without loading weights."""
+    from mooncake_cli.engine import demo
+    from mooncake_cli.engine.config import ModelConfig
+    from mooncake_cli.engine.errors import ModelError
+    from mooncake_cli.engine.tokenizer import ByteTokenizer, HFTokenizer
+
+    tok: ByteTokenizer | HFTokenizer
+    try:
+        if cfg.model in demo.DEMOS:
+            mc, tok, mid = demo.DEMOS[cfg.model], ByteTokenizer(), cfg.model
+        else:
+            path = Path(cfg.model)
+            if not path.is_dir():
+                raise ConfigError(f"model {cfg.model!r}: no such directory (or use a demo: "
+                                  f"{', '.join(demo.DEMOS)})")
+            mc = ModelConfig.from_file(path / "config.json")
+            tok, mid = HFTokenizer(path / "tokenizer.json"), model_id_from(str(path.resolve()))
+    except ModelError as e:
+        raise ConfigError(str(e)) from None
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(cfg.dtype, cfg.dtype)
+    try:
+        ns = KVNamespace(mid, dtype, cfg.block_size, mc.num_layers, mc.num_kv_heads,
+                         mc.head_dim)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return ServedModel(cfg.served_model_name or mid, tok, ns, mc.max_position)
+
+
+def cost_model(cfg: ConductorConfig, ns: KVNamespace) -> CostModel:
+    if cfg.profile:
+        return load_profile(cfg.profile)
+    return OnlineCostModel(block_tokens=ns.block_size,
+                           kv_bytes_per_token=ns.block_bytes // ns.block_size,
+                           bandwidth=cfg.bandwidth)
+
+
+class ConductorService:
+    def __init__(self, cfg: ConductorConfig) -> None:
+        self.cfg = cfg
+        model = served_model(cfg)
+        cost = cost_model(cfg, model.ns)
+        cluster = Cluster(cost)
+        on_step = cost.observe_decode if isinstance(cost, OnlineCostModel) else None
+        instances = Instances(cluster, cfg.instance_ttl, cfg.block_size, on_decode_step=on_step)
+        slo = Slo(cfg.ttft_slo or None, cfg.tbt_slo or None)
+        scheduler = Scheduler(cluster, make_policy(cfg.policy, cfg.seed), slo)
+        self.conductor = Conductor(model, scheduler, instances, ConductorMetrics(),
+                                   retries=cfg.retries, timeout=cfg.request_timeout,
+                                   explain_path=cfg.explain)
+        self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval)
+        self._http = serve(ConductorHandler, self.conductor, cfg.host, cfg.port, "conductor")
+        self.url = f"http://{self._http.host}:{self._http.port}"
+
+    def start(self) -> ConductorService:
+        self.poller.start()
+        self._http.start()
+        return self
+
+    def close(self) -> None:
+        self._http.close()
+        self.poller.close()
+        self.conductor.close()

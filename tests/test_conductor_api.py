@@ -1,0 +1,104 @@
+"""The conductor's HTTP front on its own: OpenAI-style errors through the official `openai`
+client, the instance registry, dead instances, metrics. (With live workers: test_conductor_e2e.)
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from mooncake_cli import jsonhttp
+from mooncake_cli.conductor.config import ConductorConfig
+from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.interfaces import ConfigError
+from tests.conftest import free_port
+
+
+@pytest.fixture
+def conductor(tmp_path) -> Iterator[ConductorService]:
+    cfg = ConductorConfig(port=0, model="demo", explain=str(tmp_path / "explain.jsonl"),
+                          instance_ttl=30.0, retries=1)
+    svc = ConductorService(cfg).start()
+    yield svc
+    svc.close()
+
+
+def client(svc: ConductorService) -> openai.OpenAI:
+    return openai.OpenAI(base_url=svc.url + "/v1", api_key="none", max_retries=0, timeout=10)
+
+
+def test_models_and_openai_errors(conductor: ConductorService) -> None:
+    c = client(conductor)
+    assert [m.id for m in c.models.list().data] == ["demo"]
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        c.completions.create(model="nope", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="max_tokens") as e:
+        c.completions.create(model="demo", prompt="hi", max_tokens=-3)
+    assert e.value.body["param"] == "max_tokens"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        c.completions.create(model="demo", prompt=[5] * 9000, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        c.chat.completions.create(model="demo", messages=[])
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}],
+                                  temperature=7)
+    # no worker registered: a clear 503, not a crash
+    with pytest.raises(openai.InternalServerError, match="no live prefill instance"):
+        c.completions.create(model="demo", prompt="hi", max_tokens=2)
+
+
+def test_malformed_bodies(conductor: ConductorService) -> None:
+    for raw, status in ((b"{bad", 400), (b"[1, 2]", 400), (b'{"model": 5}', 400)):
+        req = urllib.request.Request(conductor.url + "/v1/completions", data=raw,
+                                     method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=5)
+        assert e.value.code == status
+        assert json.loads(e.value.read())["error"]["type"] == "invalid_request_error"
+    assert jsonhttp.call(conductor.url + "/v1/nothing").status == 404
+
+
+def test_registry_and_dead_prefill_is_rerouted(conductor: ConductorService) -> None:
+    url = conductor.url
+    bad = jsonhttp.call(url + "/v1/instances/register", {"name": "p0", "role": "cook"})
+    assert bad.status == 400
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]  # nothing listens there
+    for i, u in enumerate(dead[:2]):
+        ok = jsonhttp.call(url + "/v1/instances/register",
+                           {"name": f"p{i}", "role": "prefill", "url": u, "load": {}})
+        assert ok.status == 200
+    jsonhttp.call(url + "/v1/instances/register",
+                  {"name": "d0", "role": "decode", "url": dead[2],
+                   "load": {"running": 0, "waiting": 0, "free_blocks": 64,
+                            "total_blocks": 64}})
+    listed = jsonhttp.call(url + "/v1/instances").body["instances"]
+    assert {i["name"]: i["alive"] for i in listed} == {"d0": True, "p0": True, "p1": True}
+    answer = jsonhttp.call(url + "/v1/completions",
+                           {"model": "demo", "prompt": "hello", "max_tokens": 2})
+    assert answer.status == 503 and "tried p" in answer.body["error"]["message"]
+    listed = jsonhttp.call(url + "/v1/instances").body["instances"]
+    assert {i["name"]: i["alive"] for i in listed} == {"d0": True, "p0": False, "p1": False}
+    metrics = jsonhttp.call(url + "/metrics").body["text"]
+    assert "mooncake_conductor_rerouted_total 2" in metrics
+    assert 'mooncake_conductor_instance_alive{name="p0",role="prefill"} 0' in metrics
+    assert jsonhttp.call(url + "/health").status == 503
+    assert jsonhttp.call(url + "/v1/instances/deregister", {"name": "p0"}).body == \
+        {"deregistered": True}
+    explained = [json.loads(line) for line in
+                 open(conductor.cfg.explain, encoding="utf-8").read().splitlines()]
+    assert explained and explained[0]["policy"] == "kvcache-centric"
+    assert {c["instance"] for c in explained[0]["candidates"]} == {"p0", "p1"}
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown policy"):
+        ConductorConfig(policy="fastest")
+    with pytest.raises(ConfigError, match="ttft_slo"):
+        ConductorConfig(ttft_slo=-1)
+    with pytest.raises(ConfigError, match="no such directory"):
+        ConductorService(ConductorConfig(model="/nonexistent/model", port=0))
+    assert ConductorConfig(prefill="a:1, http://b:2/").prefill == ("http://a:1", "http://b:2")
