@@ -38,6 +38,9 @@ def start(
                                 help="Comma-separated prefill worker URLs (workers may also "
                                      "register themselves)."),
     decode: str = typer.Option(None, "--decode", help="Comma-separated decode worker URLs."),
+    registry: str = typer.Option(None, "--registry", metavar="etcd://HOST:PORT[/CLUSTER]",
+                                 help="Also serve the workers registered in this etcd "
+                                      "(started with --conductor etcd://...)."),
     ttft_slo: float = typer.Option(None, "--ttft-slo",
                                    help="TTFT SLO in seconds; requests that cannot meet it get "
                                         "429 [default: 0, no limit]."),
@@ -65,7 +68,8 @@ def start(
     out: Out = ctx.obj
     cfg = load(ConductorConfig, "conductor", config or out.config_file, host=host, port=port,
                model=model, served_model_name=served_model_name, block_size=block_size,
-               dtype=dtype, policy=policy, prefill=prefill, decode=decode, ttft_slo=ttft_slo,
+               dtype=dtype, policy=policy, prefill=prefill, decode=decode, registry=registry,
+               ttft_slo=ttft_slo,
                tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed)
     with c.stop_signals() as stop:
         svc: ConductorService | LocalCluster

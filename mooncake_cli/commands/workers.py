@@ -34,7 +34,9 @@ BLOCKS = typer.Option(None, "--kv-blocks", metavar="N",
 CHUNK = typer.Option(None, "--chunk-size", metavar="TOKENS",
                      help="Prompt tokens computed per prefill step [default: 512].")
 CONDUCTOR = typer.Option(None, "--conductor", metavar="URL",
-                         help="http://HOST:PORT of a conductor to register with [default: none].")
+                         help="http://HOST:PORT of a conductor to register with, or "
+                              "etcd://HOST:PORT[/CLUSTER] to register in etcd for conductors "
+                              "started with --registry [default: none].")
 NAME = typer.Option(None, "--name", metavar="NAME",
                     help="Instance name [default: <role>@<listen address>].")
 if TYPE_CHECKING:

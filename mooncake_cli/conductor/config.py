@@ -56,6 +56,7 @@ class ConductorConfig:
     profile: str = ""  # profile.json from `mooncake bench profile`; "" learns online
     explain: str = ""  # JSONL file of every scheduling decision; "" for none
     bandwidth: float = 1e9  # bytes/s between instances, for fetch estimates (online model)
+    registry: str = ""  # etcd://HOST:PORT[,...][/CLUSTER]: also take workers registered there
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill", _urls(self.prefill, "prefill"))
@@ -71,6 +72,10 @@ class ConductorConfig:
         if min(self.instance_ttl, self.poll_interval, self.request_timeout, self.bandwidth) <= 0:
             raise ConfigError("instance_ttl, poll_interval, request_timeout and bandwidth "
                               "must be positive")
+        if self.registry:
+            from mooncake_cli.conductor.etcd_registry import parse
+
+            parse(self.registry)
         if self.retries < 0:
             raise ConfigError("retries must be >= 0")
         from mooncake_cli.conductor.scheduler import POLICIES

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
+from mooncake_cli.conductor.etcd_registry import EtcdPoller
 from mooncake_cli.conductor.http_front import ConductorHandler
 from mooncake_cli.conductor.instances import Instances, Poller
 from mooncake_cli.conductor.live import Conductor, ServedModel
@@ -74,15 +75,22 @@ class ConductorService:
                                    retries=cfg.retries, timeout=cfg.request_timeout,
                                    explain_path=cfg.explain)
         self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval)
+        self.etcd: EtcdPoller | None = None
+        if cfg.registry:
+            self.etcd = EtcdPoller(instances, cfg.registry, cfg.poll_interval)
         self._http = serve(ConductorHandler, self.conductor, cfg.host, cfg.port, "conductor")
         self.url = f"http://{self._http.host}:{self._http.port}"
 
     def start(self) -> ConductorService:
         self.poller.start()
+        if self.etcd is not None:
+            self.etcd.start()
         self._http.start()
         return self
 
     def close(self) -> None:
         self._http.close()
         self.poller.close()
+        if self.etcd is not None:
+            self.etcd.close()
         self.conductor.close()

@@ -34,7 +34,7 @@ class WorkerConfig:
     block_size: int = 16  # tokens per KV block (one store object)
     kv_blocks: int = 512  # blocks in the paged KV cache
     chunk_size: int = 512  # prompt tokens one prefill step computes
-    conductor: str = ""  # http://HOST:PORT of a conductor to register with; "" for none
+    conductor: str = ""  # http://HOST:PORT of a conductor, or etcd://... to register in; ""
     name: str = ""  # instance name; default <role>@<listen address>
     heartbeat: float = 1.0  # seconds between registrations with the conductor
     drain_timeout: float = 30.0  # seconds in-flight requests may take to finish on shutdown
@@ -53,8 +53,13 @@ class WorkerConfig:
             raise ConfigError("heartbeat must be > 0 and drain_timeout >= 0 seconds")
         if self.segment_size < 0:
             raise ConfigError("segment_size must not be negative")
-        if self.conductor and not self.conductor.startswith("http://"):
-            raise ConfigError(f"conductor {self.conductor!r}: use http://HOST:PORT")
+        if self.conductor.startswith("etcd://"):
+            from mooncake_cli.conductor.etcd_registry import parse
+
+            parse(self.conductor)
+        elif self.conductor and not self.conductor.startswith("http://"):
+            raise ConfigError(f"conductor {self.conductor!r}: use http://HOST:PORT, or "
+                              "etcd://HOST:PORT[,HOST:PORT][/CLUSTER] to register in etcd")
         if not self.store:
             raise ConfigError("store: give the master's HOST:PORT, or none")
 

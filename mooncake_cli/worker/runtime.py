@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.engine import KVCache, ModelRunner, load_model
@@ -18,6 +18,9 @@ from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.worker.config import WorkerConfig, split_listen
 from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.registration import Registrar
+
+if TYPE_CHECKING:
+    from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
 
 log = logging.getLogger("mooncake.worker")
 
@@ -66,7 +69,7 @@ class WorkerRuntime:
         self.name = cfg.name or f"{self.role}@{host}:{self.http.port}"
         self.engine: TransferEngine | None = None
         self.store: StoreClient | None = None
-        self._registrar: Registrar | None = None
+        self._registrar: Registrar | EtcdRegistrar | None = None
         try:
             tc = transfer or TransferConfig()
             p2p = tc.metadata.strip().lower() in ("p2p", "p2phandshake", "")
@@ -106,7 +109,12 @@ class WorkerRuntime:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> WorkerRuntime:
         self.http.start()
-        if self.cfg.conductor:
+        if self.cfg.conductor.startswith("etcd://"):
+            from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
+
+            self._registrar = EtcdRegistrar(self.cfg.conductor, self.registration,
+                                            self.cfg.heartbeat).start()
+        elif self.cfg.conductor:
             self._registrar = Registrar(self.cfg.conductor, self.registration,
                                         self.cfg.heartbeat).start()
         return self

@@ -1,0 +1,169 @@
+"""Instance registration through etcd, for clusters where workers and conductor meet there.
+
+A worker given `--conductor etcd://HOST:PORT[,HOST:PORT][/CLUSTER]` keeps its registration
+body (role, name, url, load) under `/mooncake/instances/CLUSTER/NAME`, attached to a lease of
+3 heartbeats that it refreshes (rewriting the body, so the load stays current); a worker that
+dies lets the lease, and the key, expire. A conductor given `--registry etcd://...` reads the
+prefix every poll interval and registers what it finds; a key that disappears deregisters its
+instance at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mooncake_cli.conductor.instances import Instances
+from mooncake_cli.interfaces import ConfigError, MetadataError
+
+log = logging.getLogger(__name__)
+PREFIX = "/mooncake/instances/"
+
+
+def parse(url: str) -> tuple[list[tuple[str, int]], str]:
+    """([(host, port), ...], cluster) of an etcd://H:P[,H:P][/CLUSTER] URL."""
+    if not url.startswith("etcd://"):
+        raise ConfigError(f"{url!r}: an etcd registry is etcd://HOST:PORT[,HOST:PORT][/CLUSTER]")
+    hosts, _, cluster = url[len("etcd://"):].partition("/")
+    out = []
+    for part in hosts.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"{url!r}: endpoint {part!r} is not HOST:PORT")
+        out.append((host, int(port)))
+    cluster = cluster.strip("/") or "default"
+    if "/" in cluster:
+        raise ConfigError(f"{url!r}: the cluster name must not contain '/'")
+    return out, cluster
+
+
+class _Etcd:
+    """The first answering endpoint of a list, through etcd3gw."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        import etcd3gw
+
+        self.endpoints, cluster = parse(url)
+        self.prefix = f"{PREFIX}{cluster}/"
+        self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout)
+                         for h, p in self.endpoints]
+
+    def each(self, what: str, fn: Callable[[Any], Any]) -> Any:
+        errors = []
+        for (host, port), client in zip(self.endpoints, self._clients, strict=True):
+            try:
+                return fn(client)
+            except Exception as e:  # etcd3gw raises requests' and its own errors
+                errors.append(f"{host}:{port}: {type(e).__name__}: {e}")
+        raise MetadataError(f"etcd {what} failed on every endpoint: " + "; ".join(errors))
+
+
+class EtcdRegistrar:
+    """The worker side: same interface as the HTTP `Registrar` (start, close, registered)."""
+
+    def __init__(self, url: str, payload: Callable[[], dict[str, Any]], interval: float,
+                 timeout: float = 5.0) -> None:
+        self.etcd = _Etcd(url, timeout)
+        self.payload = payload
+        self.interval = interval
+        self.ttl = max(2, int(round(interval * 3)))
+        self.registered = 0
+        self._lease: Any = None
+        self._failing = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="mooncake-worker-etcd-register")
+
+    def start(self) -> EtcdRegistrar:
+        self._thread.start()
+        return self
+
+    def _publish(self) -> None:
+        body = self.payload()
+        key = self.etcd.prefix + str(body["name"])
+
+        def put(client: Any) -> None:
+            alive = False
+            if self._lease is not None:
+                try:
+                    alive = self._lease.refresh() > 0
+                except Exception:
+                    alive = False
+            if not alive:
+                self._lease = client.lease(ttl=self.ttl)
+            client.put(key, json.dumps(body), lease=self._lease)
+
+        self.etcd.each("register", put)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._publish()
+                self.registered += 1
+                self._failing = False
+            except MetadataError as e:
+                if not self._failing:
+                    log.warning("cannot register in etcd (will keep trying): %s", e)
+                self._failing = True
+                self._lease = None
+            if self._stop.wait(self.interval):
+                return
+
+    def close(self, name: str) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 5)
+        try:
+            self.etcd.each("deregister", lambda c: c.delete(self.etcd.prefix + name))
+            if self._lease is not None:
+                self._lease.revoke()
+        except Exception as e:  # the lease expires anyway
+            log.warning("could not deregister %s from etcd: %s", name, e)
+
+
+class EtcdPoller:
+    """The conductor side: registers every instance found under the prefix."""
+
+    def __init__(self, instances: Instances, url: str, interval: float,
+                 timeout: float = 5.0) -> None:
+        self.instances = instances
+        self.etcd = _Etcd(url, timeout)
+        self.interval = interval
+        self._seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="conductor-etcd-registry")
+
+    def start(self) -> EtcdPoller:
+        self.poll_once()
+        self._thread.start()
+        return self
+
+    def poll_once(self) -> None:
+        try:
+            found = self.etcd.each("list", lambda c: c.get_prefix(self.etcd.prefix))
+        except MetadataError as e:
+            log.warning("%s", e)
+            return
+        now: set[str] = set()
+        for value, _meta in found:
+            try:
+                body = json.loads(value)
+                now.add(self.instances.register(body).name)
+            except (ValueError, TypeError) as e:
+                log.warning("ignoring a bad registration in etcd: %s", e)
+        for gone in self._seen - now:
+            self.instances.deregister(gone)
+        self._seen = now
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll_once()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 5)
