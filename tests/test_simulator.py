@@ -146,7 +146,7 @@ def test_plot_without_matplotlib_fails_up_front(monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--trace", "x.jsonl"], "only --simulate"),
+    (["--trace", "x.jsonl"], "give --simulate, --url"),
     (["--simulate", "--trace", "/nonexistent.jsonl"], "does not exist"),
     (["--simulate", "--trace", "x", "--policy", "best"], "unknown policy"),
     (["--simulate", "--trace", "x", "--prefill", "0"], "--prefill"),
