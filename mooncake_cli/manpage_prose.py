@@ -127,6 +127,37 @@ PROSE: dict[str, dict[str, Any]] = {
             ("Load only the tcp transport:", "MOONCAKE_PLUGINS=tcp mooncake plugins"),
         ],
     },
+    "doctor": {
+        "description": [
+            "doctor runs seven groups of checks and prints one row per check: its status (ok, "
+            "warn, fail or skipped), the evidence it rests on, and the fix. install: Python, "
+            "torch, every plugin, pyverbs. environment: proxy variables that would capture "
+            "cluster traffic unless no_proxy covers the hosts, the hostname resolving to a "
+            "non-loopback address, the engine's port free. metadata: etcd reachable, healthy, "
+            "its version and advertised client URLs, a put/get/delete probe under a scratch "
+            "key, stale segment descriptors; an HTTP metadata server probed the same way; a "
+            "URL that points at the wrong kind of server is named as such. master: reachable, "
+            "segments mounted, capacity used. rdma, per device and port: state, link layer, "
+            "active MTU (against --peer-mtu), the GID table and the GID index to use with the "
+            "reason, memlock against the planned registration, max_mr_size, /dev/infiniband "
+            "access, GPU peer memory. memory: hugepages free against the segment, NUMA layout, "
+            "free RAM. network: the ephemeral port range, TIME_WAIT sockets, a live loopback "
+            "transfer through the transfer engine and, with --peer, a probe and a one-second "
+            "bandwidth test.",
+            "The exit status is 0 when no check fails and 1 when one does (warnings do not "
+            "count); --json prints {ok, counts, checks} for scripts. --sysfs-root reads sys/, "
+            "proc/ and dev/ under another directory, such as a tree captured from another "
+            "host.",
+        ],
+        "examples": [
+            ("Check this host, an etcd and a master:",
+             "mooncake doctor --metadata etcd://10.0.0.5:2379 --master 10.0.0.5:50051"),
+            ("Only the RDMA checks of one NIC, against a peer whose active MTU is 4096:",
+             "mooncake doctor --group rdma --device mlx5_0 --peer-mtu 4096"),
+            ("Measure the path to a served segment, for a script:",
+             "mooncake --json doctor --group network --peer 10.0.0.6:15000"),
+        ],
+    },
 }
 
 EXIT_PROSE = {

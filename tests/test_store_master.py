@@ -5,6 +5,8 @@ Time is a FakeClock injected as the master's `now`: tests move it instead of sle
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mooncake_cli.store import (
@@ -62,7 +64,7 @@ def put(m: StoreMaster, key: str, size: int = 1000, **cfg: object) -> None:
 
 
 def snapshot(m: StoreMaster) -> object:
-    return m.list(), m.segment_usage(), m.stats()
+    return m.list(), m.segment_usage(), dataclasses.replace(m.stats(), clock=0.0)
 
 
 def test_replicas_land_on_distinct_segments_and_hosts(master: StoreMaster) -> None:

@@ -130,3 +130,20 @@ def transfer(
         with bar.bar:
             reports = run(cfg, base, registry, sweep, out.config_file, bar)
     out.emit({"reports": [r.to_dict() for r in reports]}, _human(reports))
+
+
+from mooncake_cli.commands import bench_trace  # noqa: E402
+
+app.command("trace")(bench_trace.trace)
+
+from mooncake_cli.commands import bench_profile  # noqa: E402
+
+app.command("profile")(bench_profile.profile)
+
+from mooncake_cli.commands import bench_store  # noqa: E402
+
+app.command("store")(bench_store.store)
+
+from mooncake_cli.commands import bench_workers  # noqa: E402
+
+app.command("workers")(bench_workers.workers)

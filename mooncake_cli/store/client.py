@@ -22,11 +22,17 @@ from typing import Any
 import zmq
 
 from mooncake_cli.store import protocol as p
-from mooncake_cli.store.errors import InvalidParams, StoreError
+from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError
+from mooncake_cli.store.fastlane import LaneSlot
 from mooncake_cli.store.holdings import Holdings
+from mooncake_cli.store.keeper import HoldingsKeeper
+from mooncake_cli.store.leader import LeaderInfo
+from mooncake_cli.store.memory import allocate_dram
 from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, Segment, StoreStats
+from mooncake_cli.store.replica_adds import add_replicas
 from mooncake_cli.store.replica_io import ReplicaIO, checksum, readable
 from mooncake_cli.store.rpc import MasterConnection
+from mooncake_cli.store.ssd_node import SsdNode
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
@@ -39,7 +45,11 @@ class StoreClient:
     def __init__(self, master: str = "127.0.0.1:50051", engine: TransferEngine | None = None,
                  segment_size: int = 64 << 20, client_id: str | None = None,
                  secret: str | None = None, timeout: float = 5.0,
-                 heartbeat: float = 1.0) -> None:
+                 heartbeat: float = 1.0, *, ssd_dir: str | None = None, ssd_size: int = 0,
+                 hugepages: bool = False, strict_hugepages: bool = False) -> None:
+        """`ssd_dir`: also contribute an SSD segment, the data file there (`ssd_size` bytes; 0:
+        the size it has), and re-register the objects it holds. `hugepages`: the DRAM segment
+        on huge pages (see mooncake_cli.store.memory)."""
         if engine is None:
             raise InvalidParams("StoreClient needs a TransferEngine")
         if not isinstance(segment_size, int) or segment_size < 0:
@@ -48,16 +58,20 @@ class StoreClient:
         self.client_id = client_id or uuid.uuid4().hex
         self.timeout = timeout
         self._ctx: zmq.Context[Any] = zmq.Context()
-        self._rpc = MasterConnection(self._ctx, master, secret, timeout)
+        self._rpc = MasterConnection(self._ctx, master, secret, timeout,
+                                     on_switch=self._new_leader)
         self._beat = MasterConnection(self._ctx, master, secret, timeout)
+        self._lanes = LaneSlot(self._rpc, timeout)  # the master's same-host lane, else zmq
         self.host = engine.descriptor().host
         self.region: Region | None = None
+        self.hugepages = False  # whether the DRAM segment really sits on huge pages
         self.segment: Segment | None = None
         self.holdings = Holdings()
         self._stop = threading.Event()
         try:
             if segment_size > 0:
-                self.region = engine.allocate(segment_size)
+                self.region, self.hugepages = allocate_dram(engine, segment_size, hugepages,
+                                                            strict_hugepages)
                 self.segment = Segment(engine.name, self.client_id, self.host,
                                        self.region.base, segment_size)
                 self._rpc.call(p.MountSegment(self.segment), bool)
@@ -67,6 +81,18 @@ class StoreClient:
             self._teardown()
             raise
         self.io = ReplicaIO(engine, self.region, self.host, timeout)
+        self.ssd: SsdNode | None = None
+        if ssd_dir is not None:
+            try:
+                self.ssd = SsdNode(engine, master, secret, timeout, self.client_id, self.host,
+                                   ssd_dir, ssd_size, self.holdings, self.region)
+            except BaseException:
+                if self.segment is not None:
+                    self._try(p.UnmountSegment(self.segment.name, self.segment.base))
+                self._teardown()
+                raise
+        self.keeper = HoldingsKeeper(self._beat, self.client_id, self.segment, self.holdings,
+                                     self.io.local_view, lambda: self.ssd and self.ssd.mount())
         self._thread = threading.Thread(target=self._heartbeat, args=(heartbeat,),
                                         name="mooncake-store-heartbeat", daemon=True)
         self._thread.start()
@@ -75,29 +101,42 @@ class StoreClient:
     def _heartbeat(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
-                if not self._beat.call(p.Heartbeat(self.client_id), bool):
-                    self._remount()
+                self.keeper.beat()
             except StoreError as e:
                 log.warning("store heartbeat: %s", e)
 
-    def _remount(self) -> None:
-        """The master forgot us (it restarted): mount again and re-announce what we hold."""
-        if self.segment is None or self.region is None:
+    def _new_leader(self, address: str) -> None:
+        """An HA failover: make the new leader know us before our request is sent again."""
+        if not hasattr(self, "_thread"):  # still mounting: the mount goes to the new leader
             return
-        log.info("master does not know client %s: re-mounting", self.client_id)
-        self._beat.call(p.MountSegment(self.segment), bool)
-        for key, replica in self.holdings.verified(self.io.local_view):
-            try:
-                self._beat.call(p.RegisterExisting(key, [replica]))
-            except StoreError as e:
-                log.info("cannot re-register %r: %s", key, e)
+        log.info("store leader is now %s", address)
+        try:
+            self.keeper.beat()  # re-mounts and re-registers what our segment holds
+        except StoreError as e:
+            log.warning("store heartbeat to the new leader: %s", e)
 
     # -- API -------------------------------------------------------------------------------------
+    def _call(self, request: Any, kind: Any = None, meanwhile: Any = None) -> Any:
+        """A data-path request: by the master's same-host lane when it has one (fastlane.py),
+        else by zmq; `meanwhile()` runs while the master works on it."""
+        return self._lanes.call(request, kind, meanwhile)
+
     def put(self, key: str, data: Any, config: ReplicateConfig | None = None) -> None:
         """Store `data` (bytes-like, numpy array, CPU tensor) under the new key `key`."""
-        err = self.batch_put([key], [data], config)[0]
-        if err is not None:
-            raise err
+        view = readable(data)
+        sums: list[str] = []  # the checksum is computed while the master places the replicas
+        replicas = self._call(p.PutStart(key, len(view), config), list[Replica],
+                              lambda: sums.append(checksum(view)))
+        try:
+            self.io.write(view, replicas)
+        except StoreError:
+            self._try(p.PutRevoke(key))
+            raise
+        csum = sums[0]
+        self._call(p.PutEnd(key, csum))
+        own = [r for r in replicas if r.segment == self.engine.name]
+        if own:
+            self.holdings.add(key, own[0], csum, config)
 
     def batch_put(self, keys: Sequence[str], values: Sequence[Any],
                   config: ReplicateConfig | None = None) -> list[StoreError | None]:
@@ -105,24 +144,35 @@ class StoreClient:
         if len(keys) != len(values):
             raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
         views = [readable(v) for v in values]
-        starts = self._rpc.call(p.BatchPutStart(list(keys), [len(v) for v in views], config),
-                                list[p.Reply])
+        sums: list[str] = []  # computed while the master places the replicas
+        starts = self._call(p.BatchPutStart(list(keys), [len(v) for v in views], config),
+                            list[p.Reply], lambda: sums.extend(checksum(v) for v in views))
         out: list[StoreError | None] = []
-        done: list[tuple[int, str, str, Replica | None]] = []
-        for i, (key, view, item) in enumerate(zip(keys, views, starts, strict=True)):
+        placed: list[list[Replica]] = []
+        for item in starts:
             try:
-                self.io.write(view, replicas := p.result(item, list[Replica]))
+                placed.append(p.result(item, list[Replica]))
+                out.append(None)
             except StoreError as e:
-                if item.ok:
-                    self._try(p.PutRevoke(key))
+                placed.append([])
                 out.append(e)
+        written = self.io.write_batch(views, placed)  # every remote write in one batch
+        done: list[tuple[int, str, str, Replica | None]] = []
+        revoke: list[str] = []
+        for i, (key, replicas) in enumerate(zip(keys, placed, strict=True)):
+            if out[i] is not None:
                 continue
-            out.append(None)
+            if written[i] is not None:
+                out[i] = written[i]
+                revoke.append(key)
+                continue
             own = [r for r in replicas if r.segment == self.engine.name]
-            done.append((i, key, checksum(view), own[0] if own else None))
+            done.append((i, key, sums[i], own[0] if own else None))
+        if revoke:
+            self._try(p.BatchPutRevoke(revoke))
         if done:
-            ends = self._rpc.call(p.BatchPutEnd([d[1] for d in done], [d[2] for d in done]),
-                                  list[p.Reply])
+            ends = self._call(p.BatchPutEnd([d[1] for d in done], [d[2] for d in done]),
+                              list[p.Reply])
             for (i, key, csum, mine), item in zip(done, ends, strict=True):
                 try:
                     p.result(item, None)
@@ -130,18 +180,34 @@ class StoreClient:
                     out[i] = e
                     continue
                 if mine is not None:
-                    self.holdings.add(key, mine, csum)
+                    self.holdings.add(key, mine, csum, config)
         return out
+
+    def add_replica(self, key: str, data: Any, segment: str | None = None) -> bool:
+        """Give the complete object `key` one more replica, holding `data` (its bytes), on
+        transfer segment `segment` (default: this client's own); False when it has a replica
+        there already. InvalidReplica when `data` are not the object's bytes (nothing kept)."""
+        err = self.batch_add_replica([key], [data], segment)[0]
+        if isinstance(err, ObjectAlreadyExists):
+            return False
+        if err is not None:
+            raise err
+        return True
+
+    def batch_add_replica(self, keys: Sequence[str], values: Sequence[Any],
+                          segment: str | None = None) -> list[StoreError | None]:
+        """`add_replica` for each key (see store/replica_adds.py); per key None when added,
+        else the error it met."""
+        own = self.segment.name if self.segment is not None else None
+        return add_replicas(self._call, self.io, self.holdings, own, keys, values, segment)
 
     def get(self, key: str) -> bytes:
         """The value of `key`; ObjectNotFound when there is none."""
-        replicas = self._rpc.call(p.GetReplicaList(key), list[Replica])
+        replicas = self._call(p.GetReplicaList(key), list[Replica])
         return self._get(key, replicas)
 
     def _get(self, key: str, replicas: Sequence[Replica]) -> bytes:
-        buf = bytearray(replicas[0].size if replicas else 0)
-        self.io.read(key, replicas, memoryview(buf), buf)
-        return bytes(buf)
+        return self.io.read_bytes(key, replicas)
 
     def get_into(self, key: str, buffer: Any) -> int:
         """Read `key` into `buffer` (bytearray, numpy array, CPU tensor); the bytes read."""
@@ -149,22 +215,46 @@ class StoreClient:
             dest = host_view(buffer)[0]
         except ValueError as e:
             raise InvalidParams(f"cannot read into {type(buffer).__name__}: {e}") from None
-        replicas = self._rpc.call(p.GetReplicaList(key), list[Replica])
+        replicas = self._call(p.GetReplicaList(key), list[Replica])
         return self.io.read(key, replicas, dest, buffer)
 
     def batch_get(self, keys: Sequence[str]) -> list[bytes | StoreError]:
         """The value of each key, or the error it met."""
-        items = self._rpc.call(p.BatchGetReplicaList(list(keys)), list[p.Reply])
+        items = self._call(p.BatchGetReplicaList(list(keys)), list[p.Reply])
+        found: list[tuple[int, list[Replica]]] = []
         out: list[bytes | StoreError] = []
-        for key, item in zip(keys, items, strict=True):
+        for i, item in enumerate(items):
             try:
-                out.append(self._get(key, p.result(item, list[Replica])))
+                found.append((i, p.result(item, list[Replica])))
+                out.append(b"")
+            except StoreError as e:
+                out.append(e)
+        got = self.io.read_batch([keys[i] for i, _ in found], [rs for _, rs in found])
+        for (i, _), value in zip(found, got, strict=True):
+            out[i] = value
+        return out
+
+    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int | StoreError]:
+        """Read each key into its buffer (as `get_into`, one master request for all); per key
+        the bytes read or the error it met."""
+        if len(keys) != len(buffers):
+            raise InvalidParams(f"{len(keys)} keys but {len(buffers)} buffers")
+        items = self._call(p.BatchGetReplicaList(list(keys)), list[p.Reply])
+        out: list[int | StoreError] = []
+        for key, buf, item in zip(keys, buffers, items, strict=True):
+            try:
+                dest = host_view(buf)[0]
+            except ValueError as e:
+                out.append(InvalidParams(f"cannot read into {type(buf).__name__}: {e}"))
+                continue
+            try:
+                out.append(self.io.read(key, p.result(item, list[Replica]), dest, buf))
             except StoreError as e:
                 out.append(e)
         return out
 
     def exists(self, key: str) -> bool:
-        return bool(self._rpc.call(p.Exists(key), bool))
+        return bool(self._call(p.Exists(key), bool))
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool | StoreError]:
         items = self._rpc.call(p.BatchExists(list(keys)), list[p.Reply])
@@ -188,6 +278,11 @@ class StoreClient:
     def list(self, prefix: str = "") -> list[str]:
         return list(self._rpc.call(p.List(prefix), list[str]))
 
+    def leader(self) -> LeaderInfo:
+        """The leading master (its address; its term and id in an HA store)."""
+        info: LeaderInfo = self._rpc.call(p.WhoLeads(), LeaderInfo)
+        return info
+
     def stats(self) -> StoreStats:
         stats: StoreStats = self._rpc.call(p.Stats(), StoreStats)
         return stats
@@ -207,6 +302,10 @@ class StoreClient:
 
     # -- shutdown --------------------------------------------------------------------------------
     def _teardown(self) -> None:
+        self._lanes.close()
+        io = self.__dict__.get("io")  # absent when the constructor failed before making it
+        if io is not None:
+            io.close()
         self._rpc.close()
         self._beat.close()
         self._ctx.term()
@@ -220,6 +319,8 @@ class StoreClient:
             return
         self._stop.set()
         self._thread.join(timeout=self.timeout + 1)
+        if self.ssd is not None:
+            self.ssd.close()
         if self.segment is not None:
             self._try(p.UnmountSegment(self.segment.name, self.segment.base))
         self._teardown()

@@ -1,14 +1,18 @@
 """Moving object bytes between a caller's buffer and replicas, with checksums.
 
 A replica on the client's own segment is copied with a plain memcpy; any other one goes through
-the transfer engine (which picks shared memory for a same-host peer, TCP otherwise). Reads try
-the nearest replica first (own segment, then same host) and move on when a transfer fails or the
-bytes fail their xxh3_64 checksum: wrong bytes are never handed back.
+the transfer engine (which picks shared memory for a same-host peer, TCP otherwise), staged
+through one region registered once per client and reused (staging.py; an object too big for it
+registers the caller's buffer for its one transfer). A batch moves every remote
+replica in one engine batch. Reads try the nearest replica first (own segment, then same host)
+and move on when a transfer fails or the bytes fail their xxh3_64 checksum: wrong bytes are
+never handed back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import xxhash
@@ -23,12 +27,13 @@ from mooncake_cli.store.errors import (
     TransferFailed,
 )
 from mooncake_cli.store.records import Replica
-from mooncake_cli.transfer.batch import Op, TransferRequest
+from mooncake_cli.store.staging import Staging
+from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
 
-def checksum(view: memoryview) -> str:
+def checksum(view: Any) -> str:
     return xxhash.xxh3_64_hexdigest(view)
 
 
@@ -45,6 +50,15 @@ def readable(data: Any) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+def _failed(what: str, reason: str | None) -> TransferFailed:
+    return TransferFailed(f"{what}: {reason or 'timed out'}")
+
+
+def _copy(dest: memoryview, view: memoryview) -> bool:
+    dest[:len(view)] = view
+    return True
+
+
 class ReplicaIO:
     """Reads and writes replicas for one client: `engine`, and its own `region` (or None)."""
 
@@ -54,6 +68,7 @@ class ReplicaIO:
         self.region = region
         self.host = host
         self.timeout = timeout
+        self._stage = Staging(engine)
 
     def local_view(self, r: Replica) -> memoryview | None:
         """The bytes of `r` when it lives in this client's own region."""
@@ -65,36 +80,128 @@ class ReplicaIO:
             return None
         return region.view[start:start + r.size]
 
+    def close(self) -> None:
+        """Release the staging region (the engine stays up)."""
+        self._stage.close()
+
+    def _run(self, reqs: list[TransferRequest]) -> list[str | None]:
+        """Submit `reqs` as one batch; per request None when done, else why it failed."""
+        if not reqs:
+            return []
+        statuses = self.engine.submit(reqs).wait(self.timeout * 2)
+        return [None if st.state is State.COMPLETED else (st.reason or "timed out")
+                for st in statuses]
+
+    # -- writes ----------------------------------------------------------------------------------
     def write(self, view: memoryview, replicas: Sequence[Replica]) -> None:
         """Write `view` to every replica; TransferFailed if any write fails."""
-        remote = []
-        for r in replicas:
-            local = self.local_view(r)
-            if local is not None:
-                local[:] = view
-            else:
-                remote.append(r)
-        if not remote:
-            return
-        staged = view if not view.readonly else memoryview(bytearray(view))
-        region = self.engine.register(staged)
-        try:
-            reqs = [TransferRequest(Op.WRITE, region, 0, r.segment, r.offset, len(view))
-                    for r in remote]
-            statuses = self.engine.submit(reqs).wait(self.timeout * 2)
-            for r, st in zip(remote, statuses, strict=True):
-                if st.state.value != "completed":
-                    raise TransferFailed(f"writing {r.segment}@{r.offset}: "
-                                         f"{st.reason or 'timed out'}")
-        finally:
-            self.engine.unregister(region)
+        err = self.write_batch([view], [replicas])[0]
+        if err is not None:
+            raise err
 
+    def write_batch(self, views: Sequence[memoryview],
+                    replicas: Sequence[Sequence[Replica]]) -> list[StoreError | None]:
+        """Write each view to its replicas (every remote write in one engine batch); per view
+        None when every replica was written, else the error."""
+        out: list[StoreError | None] = [None] * len(views)
+        remote: list[tuple[int, Replica]] = []
+        for i, (view, rs) in enumerate(zip(views, replicas, strict=True)):
+            for r in rs:
+                local = self.local_view(r)
+                if local is not None:
+                    local[:] = view
+                else:
+                    remote.append((i, r))
+        if not remote:
+            return out
+        firsts = sorted({i for i, _ in remote})
+        with self._stage.hold(sum(len(views[i]) for i in firsts)) as stage:
+            temps: list[Region] = []
+            where: dict[int, tuple[Region, int]] = {}
+            try:
+                pos = 0
+                for i in firsts:
+                    n = len(views[i])
+                    if stage is not None:
+                        assert stage.view is not None
+                        stage.view[pos:pos + n] = views[i]
+                        where[i] = (stage, pos)
+                        pos += n
+                    else:  # too big to stage: register the value (or a writable copy of it)
+                        v = views[i]
+                        temps.append(self.engine.register(v if not v.readonly else bytearray(v)))
+                        where[i] = (temps[-1], 0)
+                reqs = [TransferRequest(Op.WRITE, where[i][0], where[i][1], r.segment, r.offset,
+                                        len(views[i])) for i, r in remote]
+                reasons = self._run(reqs)
+            finally:
+                for t in temps:
+                    self.engine.unregister(t)
+        for (i, r), why in zip(remote, reasons, strict=True):
+            if why is not None and out[i] is None:
+                out[i] = _failed(f"writing {r.segment}@{r.offset}", why)
+        return out
+
+    # -- reads -----------------------------------------------------------------------------------
     def order(self, replicas: Sequence[Replica]) -> list[Replica]:
         return sorted(replicas, key=lambda r: (r.segment != self.engine.name, r.host != self.host))
 
+    def _check(self, key: str, r: Replica, data: Any, errors: list[StoreError]) -> bool:
+        if r.checksum is None or checksum(data) == r.checksum:
+            return True
+        errors.append(ChecksumMismatch(f"replica of {key!r} on {r.segment} at {r.offset} "
+                                       f"fails its checksum"))
+        return False
+
+    def _take(self, key: str, r: Replica, errors: list[StoreError], view: memoryview) -> bytes:
+        """A copy of staged `view` when it passes its checksum, else b"" (error noted)."""
+        return bytes(view) if self._check(key, r, view, errors) else b""
+
+    @staticmethod
+    def _raise(key: str, replicas: Sequence[Replica], errors: list[StoreError]) -> None:
+        if not replicas:
+            raise ObjectNotFound(f"object {key!r} has no replica")
+        if any(isinstance(e, ChecksumMismatch) for e in errors):
+            raise ChecksumMismatch("; ".join(map(str, errors)))
+        raise TransferFailed("; ".join(map(str, errors)))
+
+    def _fetch(self, r: Replica, n: int, use: Callable[[memoryview], Any]) -> Any:
+        """Read `n` bytes of remote replica `r` into staging and return `use(view)` of them;
+        None when the object is too big to stage."""
+        with self._stage.hold(n) as stage:
+            if stage is None or stage.view is None:
+                return None
+            self.engine.transfer(Op.READ, stage, 0, r.segment, r.offset, n, self.timeout * 2)
+            return use(stage.view[:n])
+
+    def read_bytes(self, key: str, replicas: Sequence[Replica]) -> bytes:
+        """The bytes of a good replica of `key` (one copy for a local replica)."""
+        errors: list[StoreError] = []
+        for r in self.order(replicas):
+            local = self.local_view(r)
+            try:
+                if local is not None:
+                    data = bytes(local)
+                else:  # b"": staged, failed its checksum; None: too big to stage
+                    staged = self._fetch(r, r.size, partial(self._take, key, r, errors))
+                    if staged is None:
+                        buf = bytearray(r.size)
+                        self.read(key, [r], memoryview(buf), buf)
+                        return bytes(buf)
+                    if staged:
+                        return bytes(staged)
+                    continue
+            except MooncakeError as e:
+                errors.append(_failed(f"reading {r.segment}@{r.offset}", str(e)))
+                continue
+            if self._check(key, r, data, errors):
+                return data
+        self._raise(key, replicas, errors)
+        raise AssertionError("unreachable")
+
     def read(self, key: str, replicas: Sequence[Replica], dest: memoryview, obj: Any) -> int:
-        """Read a good replica of `key` into `dest`, the byte view of `obj` (registered with the
-        engine only when a transfer is needed); the bytes read."""
+        """Read a good replica of `key` into `dest`, the byte view of `obj` (staged, or
+        registered with the engine when too big to stage); the bytes read."""
         if not replicas:
             raise ObjectNotFound(f"object {key!r} has no replica")
         n = replicas[0].size
@@ -105,23 +212,54 @@ class ReplicaIO:
         try:
             for r in self.order(replicas):
                 local = self.local_view(r)
-                if local is not None:
-                    dest[:n] = local
-                else:
-                    try:
+                try:
+                    if local is not None:
+                        dest[:n] = local
+                    elif not self._fetch(r, n, lambda v: _copy(dest, v)):
                         region = region or self.engine.register(obj)
                         self.engine.transfer(Op.READ, region, 0, r.segment, r.offset, n,
                                              self.timeout * 2)
-                    except MooncakeError as e:
-                        errors.append(TransferFailed(f"reading {r.segment}@{r.offset}: {e}"))
-                        continue
-                if r.checksum is None or checksum(dest[:n]) == r.checksum:
+                except MooncakeError as e:
+                    errors.append(_failed(f"reading {r.segment}@{r.offset}", str(e)))
+                    continue
+                if self._check(key, r, dest[:n], errors):
                     return n
-                errors.append(ChecksumMismatch(f"replica of {key!r} on {r.segment} at "
-                                               f"{r.offset} fails its checksum"))
         finally:
             if region is not None:
                 self.engine.unregister(region)
-        if any(isinstance(e, ChecksumMismatch) for e in errors):
-            raise ChecksumMismatch("; ".join(map(str, errors)))
-        raise TransferFailed("; ".join(map(str, errors)))
+        self._raise(key, replicas, errors)
+        raise AssertionError("unreachable")
+
+    def read_batch(self, keys: Sequence[str],
+                   replicas: Sequence[Sequence[Replica]]) -> list[bytes | StoreError]:
+        """The bytes of each key: local replicas copied, the nearest remote replica of every
+        other key read in one engine batch; a key whose first pick fails tries the rest."""
+        out: list[bytes | StoreError | None] = [None] * len(keys)
+        remote: list[tuple[int, Replica]] = []
+        for i, rs in enumerate(replicas):
+            if not rs:
+                out[i] = ObjectNotFound(f"object {keys[i]!r} has no replica")
+                continue
+            first = self.order(rs)[0]
+            if self.local_view(first) is None:
+                remote.append((i, first))
+        if remote:
+            with self._stage.hold(sum(r.size for _, r in remote)) as stage:
+                if stage is not None and stage.view is not None:
+                    offs, pos = [], 0
+                    for _, r in remote:
+                        offs.append(pos)
+                        pos += r.size
+                    reqs = [TransferRequest(Op.READ, stage, o, r.segment, r.offset, r.size)
+                            for o, (_, r) in zip(offs, remote, strict=True)]
+                    for o, (i, r), why in zip(offs, remote, self._run(reqs), strict=True):
+                        view = stage.view[o:o + r.size]
+                        if why is None and self._check(keys[i], r, view, []):
+                            out[i] = bytes(view)
+        for i, rs in enumerate(replicas):
+            if out[i] is None:
+                try:
+                    out[i] = self.read_bytes(keys[i], rs)
+                except StoreError as e:
+                    out[i] = e
+        return out  # type: ignore[return-value]

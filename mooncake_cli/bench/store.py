@@ -1,0 +1,242 @@
+"""`bench store`: our store client against a master, next to upstream's store, row by row.
+
+    with StoreBench(BenchStoreConfig(), TransferConfig(), Registry.from_env()) as bench:
+        reports = [bench.run(row) for row in bench.rows()]
+
+*local* mode: one client contributing the segment, so every replica is local (what upstream
+measures with one client). *remote*: the benchmarking client contributes nothing and a second
+client process (`mooncake store serve`, or upstream's own holder) holds every replica. With no
+`master` given our master runs in a child process (`python -m mooncake_cli.store.service`).
+With `compare_upstream`, upstream's `mooncake_master` and `MooncakeDistributedStore` (tcp) run
+each row right after ours, so noise hits both alike.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from mooncake_cli.bench import store_workload as wl
+from mooncake_cli.bench.stats import Child, Progress, Result
+from mooncake_cli.config import TransferConfig, human_size, parse_size, size_field
+from mooncake_cli.interfaces import ConfigError, MooncakeError
+from mooncake_cli.registry import Registry
+from mooncake_cli.store.client import StoreClient
+from mooncake_cli.store.errors import StoreError
+from mooncake_cli.transfer.engine import TransferEngine
+
+MODES = ("local", "remote")
+
+
+@dataclass(frozen=True)
+class BenchStoreConfig:
+    """A store benchmark ([bench-store] in the config file)."""
+
+    mode: str = "local"
+    master: str = ""  # HOST:PORT of a running master; empty: start one
+    sizes: str = "4KiB,128KiB,1MiB,4MiB"
+    batches: str = "1,16"
+    duration: float = 2.0
+    iterations: int = 0  # calls per row at most; 0: no limit
+    segment_size: int = size_field(1 << 30, "bytes the holding client contributes")
+    compare_upstream: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, not '{self.mode}'")
+        if self.duration <= 0:
+            raise ConfigError(f"--duration must be > 0 seconds, not {self.duration:g}")
+        if self.iterations < 0:
+            raise ConfigError(f"--iterations must be >= 0 (0: no limit), not {self.iterations}")
+        need = max(self.size_list) * max(self.batch_list) * 2
+        if self.segment_size < need:
+            raise ConfigError(f"--segment-size {human_size(self.segment_size)} cannot hold two "
+                              f"batches of the largest value; give at least {human_size(need)}")
+
+    @property
+    def size_list(self) -> list[int]:
+        try:
+            sizes = [parse_size(s) for s in self.sizes.split(",") if s.strip()]
+        except ConfigError as e:
+            raise ConfigError(f"--sizes: {e}") from None
+        if not sizes or min(sizes) < 1:
+            raise ConfigError("--sizes needs value sizes >= 1 byte, e.g. 4KiB,1MiB")
+        return sizes
+
+    @property
+    def batch_list(self) -> list[int]:
+        try:
+            batches = [int(b) for b in self.batches.split(",") if b.strip()]
+        except ValueError:
+            raise ConfigError(f"--batches must be integers, e.g. 1,16; not {self.batches!r}") \
+                from None
+        if not batches or min(batches) < 1:
+            raise ConfigError("--batches needs batch sizes >= 1, e.g. 1,16")
+        return batches
+
+
+@dataclass
+class Report:
+    """One row: ours, upstream's when compared, and ours / upstream."""
+
+    row: wl.Row
+    results: list[Result]
+    ratio: float | None = None  # GB/s ratio (ops/s for exists); >1: ours is faster
+    p50_ratio: float | None = None  # our p50 over upstream's; <1: ours is faster
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"row": self.row.to_dict(), "results": [r.to_dict() for r in self.results],
+                "ratio": self.ratio, "p50_ratio": self.p50_ratio, "skipped": self.skipped}
+
+
+class _Ours:
+    """The workload's Store over our StoreClient (per-key errors raise)."""
+
+    def __init__(self, client: StoreClient) -> None:
+        self.c = client
+
+    def put(self, key: str, value: bytes) -> None:
+        self.c.put(key, value)
+
+    def batch_put(self, keys: list[str], values: list[bytes]) -> None:
+        for err in self.c.batch_put(keys, values):
+            if err is not None:
+                raise err
+
+    def get(self, key: str) -> bytes:
+        return self.c.get(key)
+
+    def batch_get(self, keys: list[str]) -> list[bytes]:
+        out = self.c.batch_get(keys)
+        for v in out:
+            if isinstance(v, StoreError):
+                raise v
+        return out  # type: ignore[return-value]
+
+    def exists(self, key: str) -> bool:
+        return self.c.exists(key)
+
+    def clear(self) -> None:
+        self.c.remove_all(force=True)
+
+
+class StoreBench:
+    """Masters, holders and clients, started once; `run(row)` measures every side of it."""
+
+    def __init__(self, cfg: BenchStoreConfig, base: TransferConfig, registry: Registry,
+                 config_file: str | None = None, progress: Progress | None = None) -> None:
+        self.cfg, self.progress = cfg, progress
+        self._children: list[Any] = []
+        self._engine: TransferEngine | None = None
+        self._client: StoreClient | None = None
+        self._up: Any = None
+        self.upstream_skip = ""
+        self.prefix = f"bench-{uuid.uuid4().hex[:8]}"
+        remote = cfg.mode == "remote"
+        try:
+            self.master = cfg.master or self._start_master()
+            self.holder = ""
+            if remote:
+                argv = [sys.executable, "-m", "mooncake_cli", "--json"] + (
+                    ["--config", config_file] if config_file else []) + [
+                    "store", "serve", "--master", self.master, "--segment-size",
+                    str(cfg.segment_size)]
+                self.holder = self._spawn(argv, "the holding client (store serve)")["segment"]
+            self._engine = TransferEngine(base, registry)
+            self._client = StoreClient(self.master, self._engine,
+                                       0 if remote else cfg.segment_size,
+                                       secret=base.secret or None)
+            self.store = _Ours(self._client)
+            if cfg.compare_upstream:
+                self._start_upstream()
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, argv: list[str], what: str) -> dict[str, Any]:
+        child = Child(argv, what)
+        self._children.append(child)
+        info = child.line(timeout=60)
+        if "error" in info:
+            raise MooncakeError(f"{what}: {info['error']}")
+        return info
+
+    def _start_master(self) -> str:
+        info = self._spawn([sys.executable, "-m", "mooncake_cli.store.service", "--port", "0"],
+                           "our master (mooncake_cli.store.service)")
+        return str(info["address"])
+
+    def _start_upstream(self) -> None:
+        from mooncake_cli.bench import store_upstream as up
+
+        ok, why = up.available()
+        if not ok:
+            self.upstream_skip = why
+            return
+        master = up.UpstreamMaster()
+        self._children.append(master)
+        if self.cfg.mode == "remote":
+            self._children.append(up.UpstreamClient(master.address, self.cfg.segment_size,
+                                                    "holder"))
+        self._up = up.UpstreamClient(master.address,
+                                     0 if self.cfg.mode == "remote" else self.cfg.segment_size)
+        self._children.append(self._up)
+
+    def rows(self) -> list[wl.Row]:
+        return wl.rows(self.cfg.size_list, self.cfg.batch_list)
+
+    def run(self, row: wl.Row) -> Report:
+        cfg = self.cfg
+        iterations = cfg.iterations or 1 << 62
+        what = f"{row.op} {human_size(row.size)} x{row.batch}"
+        via = "local" if cfg.mode == "local" else self._via()
+        ours = wl.run_row(self.store, row, cfg.duration, iterations, "ours", via,
+                          self.progress, f"ours {what}", self.prefix)
+        rep = Report(row, [ours])
+        if self._up is not None:
+            theirs = self._up.measure(row, cfg.duration, iterations, self.progress,
+                                      f"upstream {what}", "local" if via == "local" else "tcp")
+            rep.results.append(theirs)
+            key = "transfers_per_s" if row.op == "exists" else "gbps"
+            if getattr(theirs, key) > 0:
+                rep.ratio = round(getattr(ours, key) / getattr(theirs, key), 3)
+            if ours.p50_us and theirs.p50_us:
+                rep.p50_ratio = round(ours.p50_us / theirs.p50_us, 3)
+        elif cfg.compare_upstream:
+            rep.skipped["upstream"] = self.upstream_skip
+        bad = [r for r in rep.results if r.verified is False]
+        if bad:
+            raise MooncakeError(f"verification failed ({bad[0].name} {what}): {bad[0].note}")
+        return rep
+
+    def _via(self) -> str:
+        """The transport our client reaches the holder with."""
+        try:
+            return self._engine.transport_for(self.holder) if self._engine else "remote"
+        except MooncakeError:
+            return "remote"
+
+    def close(self) -> None:
+        for part in (self._client, self._engine, *reversed(self._children)):  # LIFO
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:  # noqa: BLE001 - close the rest whatever one does
+                    pass
+        self._children.clear()
+
+    def __enter__(self) -> StoreBench:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run(cfg: BenchStoreConfig, base: TransferConfig, registry: Registry,
+        config_file: str | None = None, progress: Progress | None = None) -> list[Report]:
+    """Measure every row of `cfg`."""
+    with StoreBench(cfg, base, registry, config_file, progress) as bench:
+        return [bench.run(row) for row in bench.rows()]

@@ -1,0 +1,100 @@
+"""The master's same-host lane (Unix socket) next to zmq: a real MasterService with both, real
+clients and engines. The data path uses the lane, falls back to zmq when it is gone, honours
+the secret, and the master survives garbage sent to it."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from mooncake_cli.store.client import StoreClient
+from mooncake_cli.store.errors import ObjectNotFound, StoreError
+from mooncake_cli.store.fastlane import HEADER, Lane, lane_name
+from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.protocol import Exists
+from mooncake_cli.store.service import MasterService
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def service() -> Iterator[Callable[..., MasterService]]:
+    made: list[MasterService] = []
+
+    def make(secret: str | None = None) -> MasterService:
+        made.append(MasterService(StoreMaster(), port=0, secret=secret))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
+def client(make_engine: Callable[..., Any]) -> Iterator[Callable[..., StoreClient]]:
+    made: list[StoreClient] = []
+
+    def make(address: str, secret: str | None = None) -> StoreClient:
+        made.append(StoreClient(address, make_engine(timeout=3), 8 << 20, secret=secret,
+                                timeout=3))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_data_path_rides_the_lane_and_falls_back_to_zmq(service, client) -> None:  # type: ignore[no-untyped-def]
+    svc = service()
+    assert svc.lane is not None
+    c = client(svc.address)
+    c.put("a", b"x" * 5000)
+    assert c.get("a") == b"x" * 5000 and c.exists("a")
+    assert c._lanes._lane is not None and svc.lane._conns  # the lane carried them
+    svc.lane.close()  # the lane goes away: zmq answers, nothing is lost
+    assert c.get("a") == b"x" * 5000
+    assert c.batch_get(["a", "nope"])[0] == b"x" * 5000
+    assert c._lanes._lane is None
+    c.put("b", b"y" * 10)
+    assert c.get("b") == b"y" * 10
+    with pytest.raises(ObjectNotFound):
+        c.get("nope")
+
+
+def test_lane_with_a_secret(service, client) -> None:  # type: ignore[no-untyped-def]
+    svc = service(secret="s3cret")
+    c = client(svc.address, secret="s3cret")
+    c.put("k", b"v" * 100)
+    assert c.get("k") == b"v" * 100
+    assert c._lanes._lane is not None
+    for secret in (b"wrong", None):
+        lane = Lane(svc.address, secret, 3)
+        with pytest.raises(StoreError, match="MAC|secret"):
+            lane.call(Exists("k"), bool)
+        lane.close()
+    assert c.exists("k")
+
+
+def test_garbage_on_the_lane_is_dropped_and_the_master_keeps_serving(service, client) -> None:  # type: ignore[no-untyped-def]
+    svc = service()
+    c = client(svc.address)
+    c.put("k", b"1234")
+    for junk in (HEADER.pack(1 << 31, 0), HEADER.pack(5, 0) + b"\xff\xfe\x00\x01\x02",
+                 b"\x01\x02"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(3)
+        s.connect(lane_name(svc.address))
+        s.sendall(junk)
+        if junk.startswith(HEADER.pack(5, 0)):  # well framed, bad body: an error reply
+            head = s.recv(HEADER.size, socket.MSG_WAITALL)
+            n, m = HEADER.unpack(head)
+            assert n > 0 and m == 0
+            assert b"malformed" in s.recv(n, socket.MSG_WAITALL)
+        elif len(junk) == HEADER.size:  # over the size limit: hung up on
+            assert s.recv(1) == b""
+        s.close()
+    assert c.get("k") == b"1234"
+    assert Lane(svc.address, None, 3).call(Exists("k"), bool) is True
