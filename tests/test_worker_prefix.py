@@ -136,3 +136,37 @@ def test_local_reuse_counts_only_blocks_in_the_own_segment() -> None:
         assert run(b, "b-none", "none").body["cached_tokens"] == 0
         bad = run(b, "b-bad", "everything")
         assert bad.status == 400 and bad.body["error"]["param"] == "reuse"
+
+
+def test_fetched_blocks_gain_a_replica_in_the_own_segment() -> None:
+    """Worker b fetches a's blocks (reuse "any") and keeps a replica of each in its own segment:
+    the answer names them, the store lists both segments, and reuse "local" on b then hits."""
+    cfg = WorkerConfig(role="prefill", segment_size=8 << 20, block_size=BS, chunk_size=24)
+    with MasterService(StoreMaster(), "127.0.0.1", 0) as master, \
+            PrefillWorker(dataclasses.replace(cfg, store=master.address, name="a")) as a, \
+            PrefillWorker(dataclasses.replace(cfg, store=master.address, name="b")) as b:
+        ids = prompt(6 * BS + 3, 11)
+        keys = block_keys(ids, a.ns)
+
+        def run(w: PrefillWorker, rid: str, reuse: str) -> Any:
+            return call(w.url + "/v1/prefill", {"request_id": rid, "token_ids": ids,
+                                                "reuse": reuse, "sampling": {"max_tokens": 2}})
+
+        cold = run(a, "a-cold", "local").body
+        assert cold["stored_keys"] == keys and cold["replicated_keys"] == []
+        assert run(b, "b-local", "local").body["cached_tokens"] == 0  # held by a only
+        fetched = run(b, "b-any", "any").body
+        assert fetched["cached_tokens"] == 6 * BS
+        assert fetched["replicated_keys"] == keys, fetched
+        assert fetched["first_token"] == cold["first_token"]
+        assert b.store is not None and a.store is not None
+        for k in keys:
+            held = {r.segment for r in b.store.describe(k).replicas}
+            assert held == {a.store.engine.name, b.store.engine.name}, k
+        local = run(b, "b-local-again", "local").body
+        assert local["cached_tokens"] == 6 * BS, "the replicas in b's own segment count"
+        assert local["first_token"] == cold["first_token"]
+        again = run(b, "b-any-again", "any").body
+        assert again["cached_tokens"] == 6 * BS and again["replicated_keys"] == []
+        a.store.close()  # a's replicas are gone; b's serve on their own
+        assert run(b, "b-alone", "local").body["cached_tokens"] == 6 * BS

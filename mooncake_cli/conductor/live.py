@@ -200,10 +200,14 @@ class Conductor:
         if fetched:
             self.metrics.add("blocks_fetched_total", fetched)
         stored = body.get("stored_keys")
+        copied = body.get("replicated_keys")  # fetched blocks that gained a replica there
+        copied = [k for k in copied if isinstance(k, str)] if isinstance(copied, list) else []
+        self.metrics.add("blocks_replicated_total", len(copied))
         with self.instances.lock:  # what the instance holds now: what it had, what it stored
             index = self.scheduler.cluster.index
             index.touch(pname, keys[:decision.placement.chosen.local_blocks])
             index.store(pname, stored if isinstance(stored, list) else [])
+            index.store(pname, copied)
         model = self.scheduler.cluster.model
         if isinstance(model, OnlineCostModel):
             compute = float(body.get("timing", {}).get("compute", 0.0))

@@ -1,4 +1,10 @@
-"""The live conductor's Prometheus metrics: counters, TTFT/TBT histograms, per-instance load."""
+"""The live conductor's Prometheus metrics: counters, TTFT/TBT histograms, per-instance load.
+
+Cache load balancing shows in two counters: `blocks_fetched_total`, the blocks the scheduler
+chose to have a prefill instance fetch from another one (its decision), and
+`blocks_replicated_total`, the fetched blocks that then gained a replica in the fetching
+instance's own store segment (what the prefill answers report as "replicated_keys").
+"""
 
 from __future__ import annotations
 
@@ -41,7 +47,8 @@ class ConductorMetrics:
         self.counters: dict[str, float] = {
             "requests_total": 0, "rejected_total": 0, "errors_total": 0,
             "rerouted_total": 0, "prompt_tokens_total": 0, "prefix_hit_tokens_total": 0,
-            "completion_tokens_total": 0, "blocks_fetched_total": 0}
+            "completion_tokens_total": 0, "blocks_fetched_total": 0,
+            "blocks_replicated_total": 0}
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tbt = Histogram(TBT_BUCKETS)
 

@@ -16,6 +16,7 @@ from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT
 from mooncake_cli.store.errors import InvalidParams, ObjectNotFound
 from mooncake_cli.store.eviction import choose_victims
 from mooncake_cli.store.records import ObjectMeta, Segment
+from mooncake_cli.store.reports import ObjectIndex, ReportBook
 from mooncake_cli.store.segments import SegmentTable
 
 
@@ -38,7 +39,8 @@ class MasterCore:
         self.eviction_ratio = eviction_ratio
         self._lock = threading.RLock()
         self._segments = SegmentTable(alignment)
-        self._objects: OrderedDict[str, ObjectMeta] = OrderedDict()  # least recently used first
+        self._reports = ReportBook(self._segments)  # what each client's segment holds
+        self._objects: OrderedDict[str, ObjectMeta] = ObjectIndex(self._reports.note)  # LRU first
         self._clients: dict[str, float] = {}  # client id -> last heartbeat
         self._counts = dict.fromkeys(("hits", "misses", "evictions", "puts", "gets"), 0)
 

@@ -11,7 +11,8 @@ marks them complete (or put_revoke frees them; a put not ended within `put_timeo
 discarded). Complete objects are served by get_replica_list / exists, each granting a lease of
 `lease_ttl`; a leased object is neither removed (without force) nor evicted. Above the DRAM
 high watermark, least recently used objects are evicted (see eviction.py), or offloaded to
-their client's SSD segment when it has one (see offload.py).
+their client's SSD segment when it has one (see offload.py). A complete object gains
+replicas through add_replica_start / add_replica_end (see replicas_add.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from mooncake_cli.store.errors import (
     ReplicaNotReady,
     StoreError,
 )
-from mooncake_cli.store.offload import Offloading
 from mooncake_cli.store.records import (
     MAX_KEY_BYTES,
     ObjectMeta,
@@ -42,6 +42,7 @@ from mooncake_cli.store.records import (
     check_size,
     check_tier,
 )
+from mooncake_cli.store.replicas_add import ReplicaAdding
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -50,7 +51,7 @@ Results: TypeAlias = list[T | StoreError]  # one result per key of a batch: the 
 Keys: TypeAlias = list[str]
 
 
-class StoreMaster(Offloading):
+class StoreMaster(ReplicaAdding):
     """Metadata, allocation, leases, eviction and client liveness of one store.
 
     Keyword settings: `now` (clock), `lease_ttl` 5 s, `put_timeout` 30 s, `client_ttl` 10 s,

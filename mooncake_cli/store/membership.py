@@ -5,7 +5,9 @@ A client is alive while it heartbeats (mounting counts as one). `tick` unmounts 
 clients silent for `client_ttl`; their replicas are dropped, and an object left with none is
 gone. A heartbeat from a client the master does not know answers False: the client should mount
 its segments again and `register_existing` the objects it holds (how the index of a new leader
-is rebuilt after a failover).
+is rebuilt after a failover). `poll_holdings` is the heartbeat of a client with a segment: it
+also tells it what completed in or left its DRAM segment, whoever put it (reports.py), so it
+re-registers every replica it holds, not only its own puts (`register_held`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from mooncake_cli.store.records import (
     TierStats,
     check_key,
 )
+from mooncake_cli.store.reports import Held, HoldingsReport
 
 
 class Membership(MasterCore):
@@ -52,12 +55,17 @@ class Membership(MasterCore):
         if not isinstance(name, str) or not (base is None or isinstance(base, int)):
             raise InvalidParams("unmount_segment takes a segment name and an optional base")
         with self._lock:
-            return tuple(self._lose(self._segments.unmount(name, base)))
+            gone = self._segments.unmount(name, base)
+            for cid in {s.client_id for s in gone}:
+                if not self._segments.segments(cid):
+                    self._reports.drop(cid)
+            return tuple(self._lose(gone))
 
     def unmount_client(self, client_id: str) -> tuple[str, ...]:
         """Withdraw every segment of `client_id` and forget the client; the keys lost."""
         with self._lock:
             self._clients.pop(client_id, None)
+            self._reports.drop(client_id)
             gone = self._segments.segments(client_id)
             for s in gone:
                 self._segments.unmount(s.name, s.base)
@@ -70,6 +78,32 @@ class Membership(MasterCore):
                 return False
             self._clients[client_id] = self.now()
             return True
+
+    def poll_holdings(self, client_id: str, epoch: str = "", ack: int = 0) -> HoldingsReport:
+        """A heartbeat that also answers what changed in the client's DRAM segments since
+        `ack` of journal `epoch` (see reports.py); known=False if the master does not know it."""
+        if not isinstance(client_id, str) or not client_id or not isinstance(ack, int):
+            raise InvalidParams("poll_holdings takes a client id, an epoch and an ack")
+        with self._lock:
+            if client_id not in self._clients:
+                return HoldingsReport(known=False)
+            self._clients[client_id] = self.now()
+            return self._reports.report(client_id, epoch, ack, self._objects.values())
+
+    def register_held(self, held: Sequence[Held]) -> list[None | StoreError]:
+        """`register_existing` of each replica a client re-announces; per item None when
+        registered (or known already), else the error it met."""
+        out: list[None | StoreError] = []
+        with self._lock:
+            for h in held:
+                try:
+                    if not isinstance(h, Held):
+                        raise InvalidParams("register_held takes a list of Held")
+                    self.register_existing(h.key, [h.replica], h.config)
+                    out.append(None)
+                except StoreError as e:
+                    out.append(e)
+        return out
 
     def tick(self) -> TickReport:
         """Periodic housekeeping: drop silent clients, discard timed-out puts, evict above the
@@ -110,16 +144,17 @@ class Membership(MasterCore):
             sums = {r.checksum for r in (*known, *reps) if r.checksum is not None}
             if len(sums) > 1:
                 raise InvalidReplica(f"replicas of {key!r} disagree on the checksum")
-            taken = {r.segment: r.offset for r in known}
+            taken = {(r.segment, r.tier): r.offset for r in known}  # one per segment and tier
             new: list[Replica] = []
             try:
                 for r in reps:
-                    if taken.get(r.segment) == r.offset:
-                        continue
-                    if r.segment in taken:
-                        raise InvalidReplica(f"{key!r} already has a replica on {r.segment}")
+                    if taken.get((r.segment, r.tier)) == r.offset:
+                        continue  # already known: another owner or a repeat
+                    if (r.segment, r.tier) in taken:
+                        raise InvalidReplica(f"{key!r} already has a {r.tier} replica on "
+                                             f"{r.segment}")
                     new.append(self._segments.claim(r))
-                    taken[r.segment] = r.offset
+                    taken[(r.segment, r.tier)] = r.offset
             except StoreError:
                 self._segments.release_all(new)
                 raise

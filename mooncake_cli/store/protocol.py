@@ -34,6 +34,7 @@ from mooncake_cli.store.records import (
     StoreStats,
     Tier,
 )
+from mooncake_cli.store.reports import Held, HoldingsReport
 
 MAX_BATCH = 16384  # keys in one batch request
 MAX_MESSAGE = 256 << 20  # bytes of one request; the socket drops larger ones
@@ -219,14 +220,69 @@ class MovesDone(_Req, tag="moves_done"):
         return m.moves_done(self.client_id, self.results)
 
 
+SegmentName = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+
+class BatchAddReplicaStart(_Req, tag="batch_add_replica_start"):
+    """New replicas of complete objects on `segment` (see store/replicas_add.py); a single
+    add is a batch of one."""
+
+    keys: Keys
+    segment: SegmentName
+    sizes: Annotated[list[Size], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_add_replica_start(self.keys, self.segment, self.sizes)
+
+
+class BatchAddReplicaEnd(_Req, tag="batch_add_replica_end"):
+    keys: Keys
+    segment: SegmentName
+    checksums: Annotated[list[Checksum], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_add_replica_end(self.keys, self.segment, self.checksums)
+
+
+class BatchAddReplicaRevoke(_Req, tag="batch_add_replica_revoke"):
+    keys: Keys
+    segment: SegmentName
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_add_replica_revoke(self.keys, self.segment)
+
+
+class PollHoldings(_Req, tag="poll_holdings"):
+    """A client's heartbeat that also fetches what changed in its DRAM segment since `ack` of
+    journal `epoch` (store/reports.py); answers a HoldingsReport."""
+
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    epoch: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    ack: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def call(self, m: StoreMaster) -> HoldingsReport:
+        return m.poll_holdings(self.client_id, self.epoch, self.ack)
+
+
+class RegisterHeld(_Req, tag="register_held"):
+    """A client re-announces the replicas its segment holds to a master that forgot it."""
+
+    held: Annotated[list[Held], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.register_held(self.held)
+
+
 Request = Union[  # noqa: UP007 - msgspec wants a real Union of the tagged structs
     MountSegment, UnmountSegment, Heartbeat, PutStart, PutEnd, PutRevoke, GetReplicaList,
     Exists, Describe, Remove, RemoveAll, List, Stats, RegisterExisting, BatchPutStart,
     BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists, BatchRemove, WhoLeads,
-    PollMoves, MovesDone,
+    PollMoves, MovesDone, BatchAddReplicaStart, BatchAddReplicaEnd, BatchAddReplicaRevoke,
+    PollHoldings, RegisterHeld,
 ]
 BATCHES = (BatchPutStart, BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists,
-           BatchRemove)
+           BatchRemove, BatchAddReplicaStart, BatchAddReplicaEnd, BatchAddReplicaRevoke,
+           RegisterHeld)
 
 
 class Reply(msgspec.Struct, frozen=True):

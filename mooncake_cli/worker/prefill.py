@@ -128,7 +128,7 @@ class PrefillWorker(WorkerRuntime):
         seq, bs = job.seq, self.cache.block_size
         tokens = seq.prompt_ids
         timing = {"queue": t0 - job.arrived, "load": 0.0, "compute": 0.0, "store": 0.0,
-                  "transfer": 0.0}
+                  "transfer": 0.0, "replicate": 0.0}
         stream: KVStream | None = None
         try:
             if job.decode_url:
@@ -156,6 +156,10 @@ class PrefillWorker(WorkerRuntime):
                 stream.finish()
                 timing["transfer"] += time.perf_counter() - t
                 self.metrics.add("kv_bytes_sent", stream.bytes_sent)
+            t = time.perf_counter()  # after the first token: fetched blocks get a replica here
+            replicated = self.prefix.replicate(keys[:loaded], seq.block_table[:loaded]) \
+                if self.prefix and job.reuse == "any" else []
+            timing["replicate"] = time.perf_counter() - t
         except BaseException:
             if stream is not None:
                 stream.release()
@@ -166,7 +170,8 @@ class PrefillWorker(WorkerRuntime):
         timing["total"] = time.perf_counter() - job.arrived
         return {"request_id": job.request_id, "first_token": first,
                 "prompt_tokens": len(tokens), "cached_tokens": loaded * bs,
-                "stored_keys": stored, "finish_reason": seq.finish_reason,
+                "stored_keys": stored, "replicated_keys": replicated,
+                "finish_reason": seq.finish_reason,
                 "timing": {k: round(v, 6) for k, v in timing.items()}}
 
     def _compute(self, seq: Sequence, stream: KVStream | None,

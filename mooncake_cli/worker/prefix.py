@@ -1,5 +1,6 @@
 """Prefix reuse through the store: find the leading run of a prompt's blocks already stored,
-load them straight into the paged cache, and put newly computed blocks back."""
+load them straight into the paged cache, put newly computed blocks back, and give blocks
+fetched from other segments a replica in this worker's own (hot blocks gain replicas)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from mooncake_cli.engine import KVCache
 from mooncake_cli.kvkeys import fits, reusable_blocks
 from mooncake_cli.store.client import StoreClient
-from mooncake_cli.store.errors import StoreError
+from mooncake_cli.store.errors import ObjectAlreadyExists, StoreError
 from mooncake_cli.store.records import ReplicateConfig
 
 log = logging.getLogger("mooncake.worker")
@@ -112,3 +113,22 @@ class PrefixStore:
             else:
                 log.info("not storing %s: %s", key, err)
         return stored
+
+    def replicate(self, keys: Sequence[str], blocks: Sequence[int]) -> list[str]:
+        """Add a replica in this worker's own segment of each loaded block (the cache blocks
+        hold the object's bytes); the keys that gained one. A block held here already is
+        skipped; failures are logged, never raised."""
+        if not keys or self.store.segment is None:
+            return []
+        try:
+            errors = self.store.batch_add_replica(list(keys), [self._host(b) for b in blocks])
+        except StoreError as e:
+            log.warning("replicating %d fetched KV blocks failed: %s", len(keys), e)
+            return []
+        added = []
+        for key, err in zip(keys, errors, strict=True):
+            if err is None:
+                added.append(key)
+            elif not isinstance(err, ObjectAlreadyExists):
+                log.info("no replica of %s here: %s", key, err)
+        return added

@@ -3,6 +3,7 @@ on stdin, one per line, answering one JSON line each; exits at EOF.
 
     {"cmd": "put", "key": K, "size": N, "seed": S, "replicas": R, "preferred": SEG}
     {"cmd": "get", "key": K, "size": N, "seed": S}   -> {"ok": true, "match": bool}
+    {"cmd": "held"}   -> {"ok": true, "keys": [...]}: what its segment holds, as far as it knows
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main() -> int:
                 cfg = ReplicateConfig(cmd.get("replicas", 1), cmd.get("preferred", ""))
                 client.put(cmd["key"], value(cmd["seed"], cmd["size"]), cfg)
                 out: dict[str, object] = {"ok": True}
+            elif cmd["cmd"] == "held":
+                out = {"ok": True, "keys": client.holdings.keys()}
             else:
                 got = client.get(cmd["key"])
                 out = {"ok": True, "match": got == value(cmd["seed"], cmd["size"])}

@@ -1,0 +1,75 @@
+"""A client's heartbeat: keeps it alive at the master, keeps its holdings in step with the
+master's reports, and when the master has forgotten it (restarted, or a new HA leader) mounts
+its segment again and re-registers every replica the segment still holds (checksums verified),
+whoever put them, so the master's index is rebuilt from the data in the cluster.
+
+A replica removed or evicted less than one heartbeat before the master dies may be registered
+again (its removal had not reached the owner): its bytes are intact and verified, so a reader
+gets the old value, never wrong bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from mooncake_cli.store import protocol as p
+from mooncake_cli.store.errors import StoreError
+from mooncake_cli.store.holdings import Holdings
+from mooncake_cli.store.records import Replica, Segment
+from mooncake_cli.store.reports import HoldingsReport
+from mooncake_cli.store.rpc import MasterConnection
+
+log = logging.getLogger("mooncake.store")
+REGISTER_CHUNK = 1024  # replicas re-registered per request
+
+
+class HoldingsKeeper:
+    """The heartbeat of client `client_id` over `conn`. `view(replica)` is the bytes of a
+    replica in the client's segment (None if not there); `after_mount()` runs after each
+    re-mount (the SSD segment mounts and rescans there)."""
+
+    def __init__(self, conn: MasterConnection, client_id: str, segment: Segment | None,
+                 holdings: Holdings, view: Callable[[Replica], memoryview | None],
+                 after_mount: Callable[[], object]) -> None:
+        self.conn = conn
+        self.client_id = client_id
+        self.segment = segment
+        self.holdings = holdings
+        self._view = view
+        self._after_mount = after_mount
+        self._lock = threading.Lock()  # the heartbeat thread and a leader switch never overlap
+
+    def beat(self) -> None:
+        """One heartbeat; a re-mount when the master does not know the client."""
+        with self._lock:
+            if self.segment is None:  # nothing of ours to tell about
+                self.conn.call(p.Heartbeat(self.client_id), bool)
+                return
+            h = self.holdings
+            report: HoldingsReport = self.conn.call(
+                p.PollHoldings(self.client_id, h.epoch, h.ack), HoldingsReport)
+            if report.known:
+                h.apply(report)
+            else:
+                self._remount(self.segment)
+
+    def _remount(self, segment: Segment) -> None:
+        log.info("master does not know client %s: re-mounting", self.client_id)
+        self.conn.call(p.MountSegment(segment), bool)
+        held = self.holdings.verified(self._view)
+        refused = 0
+        for i in range(0, len(held), REGISTER_CHUNK):
+            chunk = held[i:i + REGISTER_CHUNK]
+            for h, item in zip(chunk, self.conn.call(p.RegisterHeld(chunk), list[p.Reply]),
+                               strict=True):
+                try:
+                    p.result(item, None)
+                except StoreError as e:
+                    refused += 1
+                    log.info("cannot re-register %r: %s", h.key, e)
+                    self.holdings.discard(h.key, h.replica.offset)
+        log.info("client %s re-registered %d replica(s), %d refused", self.client_id,
+                 len(held) - refused, refused)
+        self._after_mount()
