@@ -16,9 +16,13 @@ PROSE: dict[str, dict[str, Any]] = {
         "description": [
             "mooncake runs every role of the Mooncake KVCache-centric serving architecture "
             "(FAST'25) from one command: a batch transfer engine that moves bytes between the "
-            "registered memory of processes over pluggable transports, and the benchmarks "
-            "that measure it. A laptop runs everything on loopback; a cluster runs the same "
-            "commands on many hosts.",
+            "registered memory of processes over pluggable transports; a store that pools the "
+            "DRAM and SSD of many nodes into one cache of KV blocks; prefill and decode workers "
+            "that reuse every cached prefix block; a conductor that routes each request to the "
+            "prefill/decode pair with the lowest estimated time-to-first-token behind an "
+            "OpenAI-compatible API; doctor; and the benchmarks that measure each layer. A "
+            "laptop runs everything on loopback; a cluster runs the same commands on many "
+            "hosts.",
             "Global options go before the command name. Every command accepts --help. "
             "Settings come from, in increasing precedence: built-in defaults, the TOML file "
             "given with --config, MOONCAKE_* environment variables, and command-line flags.",
@@ -35,6 +39,8 @@ PROSE: dict[str, dict[str, Any]] = {
              "mooncake bench transfer --mode local --transport tcp --block-size 1MiB"),
             ("List the transport and tier plugins and why any is unavailable:",
              "mooncake plugins"),
+            ("Serve a demo model with 2 prefill and 1 decode workers behind one OpenAI API:",
+             "mooncake conductor start --local 2,1 --model demo --port 8000"),
         ],
     },
     "transfer": {
@@ -110,6 +116,68 @@ PROSE: dict[str, dict[str, Any]] = {
              "mooncake bench transfer --mode local --transport tcp --block-size 1MiB"),
             ("Against a target served elsewhere:",
              "mooncake bench transfer --mode initiator --target 127.0.0.1:PORT"),
+            ("The store against upstream's master and client, same workload, same run:",
+             "mooncake bench store --compare-upstream"),
+            ("Measure this machine for the conductor's cost model:",
+             "mooncake bench profile --model demo-25m --threads 1 -o profile.json"),
+            ("The FAST'25 trace through every scheduling policy, simulated:",
+             "mooncake bench trace --simulate --trace conversation_trace.jsonl --preset paper"),
+            ("The same trace, live, through 2 prefill and 1 decode workers per policy:",
+             "mooncake bench trace --trace conversation_trace.jsonl --local 2,1 --limit 200"),
+        ],
+    },
+    "conductor": {
+        "description": [
+            "start serves the OpenAI API (/v1/completions and /v1/chat/completions, streaming "
+            "or not, /v1/models), /health, Prometheus /metrics and GET /v1/instances, and "
+            "routes each request: it tokenizes the prompt, computes the chained KV block keys, "
+            "and lets the scheduling policy pick the prefill instance with the lowest "
+            "estimated TTFT (queue time, prefill time of the uncached part, time to fetch a "
+            "longer prefix held elsewhere) and a decode instance with KV room. When no pair "
+            "can meet --ttft-slo or --tbt-slo it answers 429 with Retry-After. A prefill "
+            "instance that cannot be reached is marked dead and the request placed again.",
+            "Workers come from --prefill/--decode (polled), register themselves over HTTP "
+            "(mooncake prefill --conductor URL), or through etcd (--registry). With --local "
+            "P,D it also starts, in this process, a store master, P prefill and D decode "
+            "workers of --model: a whole cluster from one command. --explain FILE logs every "
+            "decision with its per-candidate estimates.",
+        ],
+        "examples": [
+            ("A whole cluster on a laptop, with the demo model:",
+             "mooncake conductor start --local 2,1 --model demo --port 8000"),
+            ("In front of workers that register in etcd, with SLOs:",
+             "mooncake conductor start --host 0.0.0.0 --model demo --registry "
+             "etcd://10.0.0.5:2379 --ttft-slo 2 --tbt-slo 0.1"),
+        ],
+    },
+    "prefill": {
+        "description": [
+            "A prefill worker takes POST /v1/prefill requests one at a time in arrival order: "
+            "it looks up the longest run of the prompt's leading KV blocks already in the "
+            "store, loads them straight into its paged KV cache, computes the rest chunk by "
+            "chunk, puts each new full block into the store, and writes the KV into the "
+            "chosen decode worker's cache through the transfer engine while it computes. It "
+            "answers with the first token and a timing breakdown (queue, load, compute, "
+            "store, transfer). It serves /health, /metrics and /v1/load, registers with a "
+            "conductor when given --conductor, and on Ctrl-C finishes what is in flight.",
+        ],
+        "examples": [
+            ("A prefill worker of the demo model, using a store master:",
+             "mooncake prefill --model demo --store 127.0.0.1:50051 --listen 127.0.0.1:9100"),
+        ],
+    },
+    "decode": {
+        "description": [
+            "A decode worker reserves KV blocks for requests (POST /v1/kv/reserve), admits "
+            "them only while every running request keeps room to grow, and runs continuous "
+            "batching: requests join and leave between decode steps and their blocks are "
+            "freed as they leave. POST /v1/generate streams the tokens of a request as "
+            "server-sent events.",
+        ],
+        "examples": [
+            ("A decode worker registering with a conductor:",
+             "mooncake decode --model demo --store 127.0.0.1:50051 --conductor "
+             "http://127.0.0.1:8000"),
         ],
     },
     "plugins": {
