@@ -102,3 +102,23 @@ def test_config_errors() -> None:
     with pytest.raises(ConfigError, match="no such directory"):
         ConductorService(ConductorConfig(model="/nonexistent/model", port=0))
     assert ConductorConfig(prefill="a:1, http://b:2/").prefill == ("http://a:1", "http://b:2")
+
+
+def test_slo_admission_answers_429_with_retry_after(tmp_path) -> None:
+    cfg = ConductorConfig(port=0, model="demo", ttft_slo=0.001, instance_ttl=30.0)
+    svc = ConductorService(cfg).start()
+    try:
+        for name, role in (("p0", "prefill"), ("d0", "decode")):
+            jsonhttp.call(svc.url + "/v1/instances/register",
+                          {"name": name, "role": role, "url": f"http://127.0.0.1:{free_port()}",
+                           "load": {}})
+        with pytest.raises(openai.RateLimitError, match="cannot meet the SLO") as e:
+            client(svc).completions.create(model="demo", prompt="x" * 200, max_tokens=4)
+        assert int(e.value.response.headers["Retry-After"]) >= 1
+        assert "estimated TTFT" in e.value.message
+        metrics = jsonhttp.call(svc.url + "/metrics").body["text"]
+        assert "mooncake_conductor_rejected_total 1" in metrics
+        # the rejected request never reached the (unreachable) prefill instance
+        assert "mooncake_conductor_rerouted_total 0" in metrics
+    finally:
+        svc.close()

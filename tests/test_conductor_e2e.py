@@ -89,6 +89,9 @@ def test_openai_client_equals_single_process_and_survives_a_dead_prefill(cluster
         third = client.completions.create(model=name, prompt=prompt, max_tokens=12,
                                           temperature=0, extra_body=extra)
         assert third.choices[0].text == want
+        assert third.usage is not None and third.usage.prompt_tokens_details is not None
+        assert third.usage.prompt_tokens_details.cached_tokens >= BLOCK
+        assert got.usage.prompt_tokens_details.cached_tokens == 0  # the first, cold send
     chat = client.chat.completions.create(model=name, max_tokens=6, temperature=0,
                                           messages=[{"role": "user", "content": "hello"}])
     assert chat.choices[0].message.role == "assistant"

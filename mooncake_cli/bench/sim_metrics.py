@@ -81,3 +81,7 @@ def summarize(recs: Sequence[SimRecord], ttft_limit: float, tbt_limits: Sequence
 
 def ttft_values(recs: Sequence[SimRecord]) -> list[float]:
     return sorted(t for t in (r.ttft for r in recs) if t is not None)
+
+
+def tbt_values(recs: Sequence[SimRecord]) -> list[float]:
+    return sorted(t for t in (r.tbt() for r in recs if not r.rejected) if t is not None)

@@ -12,7 +12,7 @@ from typing import IO, Any
 
 from mooncake_cli.bench.sim_cluster import colocated, disaggregated
 from mooncake_cli.bench.sim_config import BASELINES, SimConfig
-from mooncake_cli.bench.sim_metrics import summarize, ttft_values
+from mooncake_cli.bench.sim_metrics import summarize, tbt_values, ttft_values
 from mooncake_cli.bench.trace_file import (
     TRACE_BLOCK_TOKENS,
     TraceRequest,
@@ -47,8 +47,9 @@ def _ratio(rows: dict[str, Any], a: str, b: str) -> float | None:
 
 def simulate(cfg: SimConfig, trace: str, profile: str | None = None,
              progress: SimProgress | None = None, explain: str | None = None
-             ) -> tuple[dict[str, Any], dict[str, list[float]]]:
-    """The report, and the sorted TTFTs of every row (for plots). With `explain`, every
+             ) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
+    """The report, and the sorted TTFTs and TBTs of every row (`{"ttft": {row: [...]},
+    "tbt": {...}}`, for plots). With `explain`, every
     decision is written to that file as a JSON line (opened once the inputs are valid)."""
     t0 = time.perf_counter()
     model = cost_model(cfg, profile)
@@ -60,11 +61,12 @@ def simulate(cfg: SimConfig, trace: str, profile: str | None = None,
 
 def _run(cfg: SimConfig, trace: str, model: CostModel, reqs: list[TraceRequest],
          progress: SimProgress | None, explain: IO[str] | None, t0: float
-         ) -> tuple[dict[str, Any], dict[str, list[float]]]:
+         ) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
     tbt = cfg.decode > 0
     limits = cfg.tbt_limits()
     rows: dict[str, Any] = {}
     ttfts: dict[str, list[float]] = {}
+    tbts: dict[str, list[float]] = {}
 
     def bar(label: str) -> Callable[[int, int], None] | None:
         if progress is None:
@@ -79,6 +81,8 @@ def _run(cfg: SimConfig, trace: str, model: CostModel, reqs: list[TraceRequest],
         recs, latency = disaggregated(reqs, name, model, cfg, bar(name), sink)
         rows[name] = summarize(recs, cfg.ttft_threshold, limits, tbt, latency)
         ttfts[name] = ttft_values(recs)
+        if tbt:
+            tbts[name] = tbt_values(recs)
     baselines: dict[str, Any] = {}
     if cfg.colocated != -1:
         for name in BASELINES:
@@ -86,6 +90,7 @@ def _run(cfg: SimConfig, trace: str, model: CostModel, reqs: list[TraceRequest],
                              cfg.chunk_tokens if "chunked" in name else 0, bar(name))
             baselines[name] = summarize(recs, cfg.ttft_threshold, limits, True)
             ttfts[name] = ttft_values(recs)
+            tbts[name] = tbt_values(recs)
     report = {
         "trace": trace, "requests": len(reqs), "model": model.name,
         "setup": dataclasses.asdict(cfg) | {"colocated_instances": cfg.colocated_instances(),
@@ -97,4 +102,4 @@ def _run(cfg: SimConfig, trace: str, model: CostModel, reqs: list[TraceRequest],
         "ratios": {f"{a}/{b}": r for a, b in RATIOS if (r := _ratio(rows, a, b)) is not None},
         "wall_s": round(time.perf_counter() - t0, 2),
     }
-    return report, ttfts
+    return report, {"ttft": ttfts, "tbt": tbts}

@@ -67,6 +67,9 @@ class Outcome:
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)
     error: str = ""
+    arrival: float = 0.0  # seconds after the replay started
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens
 
     def tbt(self) -> float | None:
         if not self.gaps:
@@ -79,7 +82,7 @@ class Outcome:
 def _send(url: str, model: str, prompt: list[int], max_tokens: int,
           timeout: float) -> Outcome:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "ignore_eos": True}
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     out, start = Outcome(), time.monotonic()
     last = start
     try:
@@ -87,6 +90,10 @@ def _send(url: str, model: str, prompt: list[int], max_tokens: int,
             if "error" in ev:
                 out.error = str(ev["error"].get("message", ev["error"]))
                 continue
+            if ev.get("usage"):
+                out.prompt_tokens = int(ev["usage"].get("prompt_tokens", 0))
+                details = ev["usage"].get("prompt_tokens_details") or {}
+                out.cached_tokens = int(details.get("cached_tokens", 0) or 0)
             if not ev.get("choices") or ev["choices"][0].get("finish_reason"):
                 continue
             now = time.monotonic()
@@ -113,9 +120,25 @@ def _hits(url: str) -> tuple[float, float]:
     return _metric(text, "prefix_hit_tokens_total"), _metric(text, "prompt_tokens_total")
 
 
+def hit_over_time(outcomes: list[Outcome], bins: int = 20) -> list[dict[str, float]]:
+    """Prefix-hit ratio (cached / prompt tokens) of the requests arriving in each time bin."""
+    served = [o for o in outcomes if o.status == 200 and o.prompt_tokens]
+    span = max((o.arrival for o in served), default=0.0)
+    width = max(span / bins, 1e-3)
+    acc: dict[int, list[int]] = {}
+    for o in served:
+        b = acc.setdefault(int(o.arrival // width), [0, 0])
+        b[0] += o.cached_tokens
+        b[1] += o.prompt_tokens
+    return [{"t": round(k * width, 3), "hit_ratio": round(v[0] / v[1], 4)}
+            for k, v in sorted(acc.items())]
+
+
 def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
-           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Replay `reqs` (arrivals already scaled) against the conductor at `url`."""
+           progress: Callable[[int, int], None] | None = None,
+           samples: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """Replay `reqs` (arrivals already scaled) against the conductor at `url`; when given,
+    `samples` receives every request's "ttft" and "tbt" (for plots)."""
     models = jsonhttp.call(url + "/v1/models")
     if models.status != 200 or not models.body.get("data"):
         raise ConfigError(f"{url} is not an OpenAI-compatible server (GET /v1/models "
@@ -133,6 +156,7 @@ def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
             time.sleep(delay)
         o = _send(url, model, synthesise(r, cfg), min(max(1, r.output_tokens), cfg.max_output),
                   cfg.timeout)
+        o.arrival = r.arrival - base
         with lock:
             done[0] += 1
             if progress is not None:
@@ -146,6 +170,8 @@ def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
     ok = [o for o in outcomes if o.status == 200]
     ttft = [o.ttft for o in ok if o.ttft is not None]
     tbt = [t for t in (o.tbt() for o in ok) if t is not None]
+    if samples is not None:
+        samples["ttft"], samples["tbt"] = [float(t) for t in ttft], tbt
     capacity = {f"{lim * 1e3:g}ms": sum(1 for o in ok if o.ttft is not None
                                         and o.ttft <= cfg.ttft_threshold
                                         and (o.tbt() or 0.0) <= lim)
@@ -157,4 +183,5 @@ def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
             "first_error": next((o.error for o in outcomes if o.error), None),
             "ttft_s": spread(ttft), "tbt_s": spread(tbt),
             "prefix_hit_ratio": round((hit1 - hit0) / prompt, 4) if prompt else 0.0,
-            "capacity": capacity, "wall_s": round(wall, 2)}
+            "capacity": capacity, "hit_over_time": hit_over_time(outcomes),
+            "wall_s": round(wall, 2)}

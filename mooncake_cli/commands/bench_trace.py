@@ -101,8 +101,8 @@ def trace(
                                 "profile.json (mooncake.profile/1) instead of the paper's."),
     explain: str = typer.Option(None, "--explain", metavar="FILE", help="Write every "
                                 "decision with its per-candidate estimates as JSON lines."),
-    plot: str = typer.Option(None, "--plot", metavar="DIR", help="Write ttft_cdf.png and "
-                             "hit_ratio.png (needs matplotlib)."),
+    plot: str = typer.Option(None, "--plot", metavar="DIR", help="Write ttft_cdf.png, "
+                             "tbt_cdf.png and hit_ratio.png (needs matplotlib)."),
     url: str = typer.Option(None, "--url", help="Live replay against this running conductor "
                             "(http://HOST:PORT)."),
     local: str = typer.Option(None, "--local", metavar="P,D", help="Live replay: start a "
@@ -132,7 +132,7 @@ def trace(
         rcfg = ReplayConfig(block_tokens=block_tokens, max_input=max_input,
                             max_output=max_output, vocab=vocab, seed=seed or 0)
         run_live(out, trace_file, url, local, model, policy, time_scale or 1.0, limit, rcfg,
-                 kv_blocks)
+                 kv_blocks, plot)
         return
     if preset is None and profile:
         preset = "none"
@@ -143,11 +143,13 @@ def trace(
     if plot:
         require_matplotlib()  # fail before a long run, not after it
     if out.json:
-        report, ttfts = simulate(cfg, trace_file, profile, None, explain)
+        report, samples = simulate(cfg, trace_file, profile, None, explain)
     else:
         bars = _Bars(out.err)
         with bars.bar:
-            report, ttfts = simulate(cfg, trace_file, profile, bars, explain)
-    plots = write_plots(report, ttfts, plot) if plot else []
+            report, samples = simulate(cfg, trace_file, profile, bars, explain)
+    plots = write_plots(f"{report['requests']} requests, {report['model']}", samples,
+                        {**report["policies"], **report["baselines"]},
+                        report["ceiling_hit_ratio"], plot, "simulated time (s)") if plot else []
     report["plots"] = plots
     out.emit(report, _human(report, plots))

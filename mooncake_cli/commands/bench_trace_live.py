@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
+from mooncake_cli.bench.sim_plot import require_matplotlib, write_plots
 from mooncake_cli.bench.trace_file import load_trace
 from mooncake_cli.bench.trace_live import ReplayConfig, replay
 from mooncake_cli.conductor.scheduler import POLICIES
@@ -38,6 +39,8 @@ def _human(rep: dict[str, Any]) -> Any:
         con.print(t)
         for k, v in rep.get("ratios", {}).items():
             con.print(f"{k}: {v:.3f}")
+        for path in rep.get("plots", []):
+            con.print(f"wrote {path}")
     return draw
 
 
@@ -47,9 +50,12 @@ def _updater(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
 
 def run_live(out: Out, trace_file: str, url: str | None, local: str | None, model: str,
              policy: str | None, time_scale: float, limit: int | None, cfg: ReplayConfig,
-             kv_blocks: int | None) -> None:
+             kv_blocks: int | None, plot: str | None = None) -> None:
     if bool(url) == bool(local):
         raise ConfigError("give either --url (a running conductor) or --local P,D")
+    if plot:
+        require_matplotlib()  # fail before a long run, not after it
+    per_run: dict[str, dict[str, list[float]]] = {}  # run -> {"ttft": [...], "tbt": [...]}
     reqs = load_trace(trace_file, time_scale, limit or 200)
     runs: dict[str, dict[str, Any]] = {}
     bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
@@ -57,7 +63,8 @@ def run_live(out: Out, trace_file: str, url: str | None, local: str | None, mode
     with bar:
         if url:
             task = bar.add_task("live", total=len(reqs))
-            runs["live"] = replay(url.rstrip("/"), reqs, cfg, _updater(bar, task))
+            runs["live"] = replay(url.rstrip("/"), reqs, cfg, _updater(bar, task),
+                                  per_run.setdefault("live", {}))
         else:
             from mooncake_cli.conductor.config import ConductorConfig
             from mooncake_cli.conductor.local_cluster import LocalCluster, parse_local
@@ -74,7 +81,8 @@ def run_live(out: Out, trace_file: str, url: str | None, local: str | None, mode
                 cluster = LocalCluster(ConductorConfig(port=0, model=model, policy=name),
                                        p, d, worker)
                 try:
-                    runs[name] = replay(cluster.url, reqs, cfg, _updater(bar, task))
+                    runs[name] = replay(cluster.url, reqs, cfg, _updater(bar, task),
+                                        per_run.setdefault(name, {}))
                 finally:
                     cluster.close()
     report: dict[str, Any] = {"trace": trace_file, "requests": len(reqs),
@@ -90,4 +98,9 @@ def run_live(out: Out, trace_file: str, url: str | None, local: str | None, mode
                                 a["ttft_s"]["mean"] / b["ttft_s"]["mean"],
                                 "hit ratio kvcache-centric - random":
                                 b["prefix_hit_ratio"] - a["prefix_hit_ratio"]}
+    samples = {key: {name: got.get(key, []) for name, got in per_run.items()}
+               for key in ("ttft", "tbt")}
+    report["plots"] = write_plots(f"{len(reqs)} requests, live {report['target']}", samples,
+                                  runs, None, plot, "time since the replay started (s)") \
+        if plot else []
     out.emit(report, _human(report))

@@ -102,8 +102,9 @@ class Conductor:
         self.metrics.add("requests_total")
         placed = self._place(rid, ids, req)
         tokens = self._decode(placed, rid, ids, req)
+        cached = int(placed.answer.get("cached_tokens", 0) or 0)
         if req.stream:
-            return self._stream(req, rid, len(ids), tokens, start)
+            return self._stream(req, rid, len(ids), cached, tokens, start)
         texts, finish, n = [], "length", 0
         for ev in self._timed(tokens, start):
             if "token" in ev:
@@ -111,7 +112,7 @@ class Conductor:
                 n += 1
             if ev.get("finish_reason"):
                 finish = ev["finish_reason"]
-        return oa.answer(req, rid, "".join(texts), finish, len(ids), n)
+        return oa.answer(req, rid, "".join(texts), finish, len(ids), n, cached)
 
     def _place(self, rid: str, ids: list[int], req: oa.Completion) -> Placed:
         keys = block_keys(ids, self.model.ns)
@@ -244,7 +245,7 @@ class Conductor:
             yield ev
         self.metrics.observe(ttft, gaps)
 
-    def _stream(self, req: oa.Completion, rid: str, prompt_tokens: int,
+    def _stream(self, req: oa.Completion, rid: str, prompt_tokens: int, cached: int,
                 events: Iterator[dict[str, Any]],
                 start: float) -> Iterator[dict[str, Any] | str]:
         n, first = 0, True
@@ -259,7 +260,7 @@ class Conductor:
         except HTTPError as e:
             yield {"error": e.body["error"]}
         if req.include_usage:
-            yield oa.usage_chunk(req, rid, prompt_tokens, n)
+            yield oa.usage_chunk(req, rid, prompt_tokens, n, cached)
         yield "[DONE]"
 
     @staticmethod

@@ -151,13 +151,16 @@ def parse_chat(body: dict[str, Any]) -> Completion:
                       messages=tuple(parsed))
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` are the prompt tokens whose
+    KV was reused from the cache instead of computed."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def answer(req: Completion, rid: str, text: str, finish: str, prompt_tokens: int,
-           completion_tokens: int) -> dict[str, Any]:
+           completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     """The whole (non-streaming) answer object."""
     if req.chat:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None,
@@ -166,7 +169,7 @@ def answer(req: Completion, rid: str, text: str, finish: str, prompt_tokens: int
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion",
             "created": req.created, "model": req.model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def chunk(req: Completion, rid: str, text: str | None, finish: str | None,
@@ -184,8 +187,8 @@ def chunk(req: Completion, rid: str, text: str | None, finish: str | None,
             "created": req.created, "model": req.model, "choices": [choice]}
 
 
-def usage_chunk(req: Completion, rid: str, prompt_tokens: int,
-                completion_tokens: int) -> dict[str, Any]:
+def usage_chunk(req: Completion, rid: str, prompt_tokens: int, completion_tokens: int,
+                cached_tokens: int = 0) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
             "created": req.created, "model": req.model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
