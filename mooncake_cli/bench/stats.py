@@ -12,6 +12,7 @@ import selectors
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -75,6 +76,27 @@ def pump(stop: Callable[[], bool], duration: float, label: str,
         time.sleep(tick)
     if progress is not None:
         progress(duration, duration, label)
+
+
+def await_line(read: Callable[[], dict[str, Any]], duration: float, label: str,
+               progress: Progress | None) -> dict[str, Any]:
+    """`read()` (a child's next report line) on a thread while progress is pumped for
+    `duration` seconds; its result, or its exception raised here."""
+    box: list[dict[str, Any]] = []
+    errs: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            box.append(read())
+        except BaseException as e:
+            errs.append(e)
+
+    th = threading.Thread(target=wait, daemon=True)
+    th.start()
+    pump(lambda: not th.is_alive(), duration, label, progress)
+    if errs:
+        raise errs[0]
+    return box[0]
 
 
 def emit(data: dict[str, Any]) -> None:

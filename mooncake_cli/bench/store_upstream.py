@@ -22,7 +22,7 @@ import threading
 import time
 from typing import IO, Any
 
-from mooncake_cli.bench.stats import Child, Progress, Result, emit, pump
+from mooncake_cli.bench.stats import Child, Progress, Result, await_line, emit
 from mooncake_cli.bench.store_workload import Row, run_row
 from mooncake_cli.interfaces import MooncakeError
 
@@ -151,23 +151,10 @@ class UpstreamClient(Child):
         jobs.write(json.dumps({**row.to_dict(), "duration": duration,
                                "iterations": iterations, "via": via}) + "\n")
         jobs.flush()
-        box: list[dict[str, Any]] = []
-        errs: list[BaseException] = []
-
-        def wait() -> None:
-            try:
-                box.append(self.line(timeout=duration + 300))
-            except BaseException as e:
-                errs.append(e)
-
-        th = threading.Thread(target=wait, daemon=True)
-        th.start()
-        pump(lambda: not th.is_alive(), duration, label, progress)
-        if errs:
-            raise errs[0]
-        if "error" in box[0]:
-            raise MooncakeError(f"upstream {row.op}: {box[0]['error']}")
-        return Result(**box[0])
+        got = await_line(lambda: self.line(timeout=duration + 300), duration, label, progress)
+        if "error" in got:
+            raise MooncakeError(f"upstream {row.op}: {got['error']}")
+        return Result(**got)
 
 
 class _Upstream:

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from mooncake_cli.bench.stats import Child, Progress, Result, emit, pump, summarize
+from mooncake_cli.bench.stats import Child, Progress, Result, await_line, emit, summarize
 from mooncake_cli.interfaces import TransferError
 
 WHEEL = "mooncake-transfer-engine-non-cuda"
@@ -66,21 +66,8 @@ class UpstreamTarget:
             first = child.line(timeout=60)  # connected and warmed up: the clock starts now
             if "error" in first:
                 raise TransferError(f"upstream {op} failed: {first['error']}")
-            box: list[dict[str, Any]] = []
-            errs: list[BaseException] = []
-
-            def wait() -> None:
-                try:
-                    box.append(child.line(timeout=duration + 120))
-                except BaseException as e:
-                    errs.append(e)
-
-            th = threading.Thread(target=wait, daemon=True)
-            th.start()
-            pump(lambda: not th.is_alive(), duration, label, progress)
-            if errs:
-                raise errs[0]
-        r = box[0]
+            r = await_line(lambda: child.line(timeout=duration + 120), duration, label,
+                           progress)
         if "error" in r:
             raise TransferError(f"upstream {op} failed: {r['error']}")
         return Result(**r)

@@ -24,6 +24,7 @@ from typing import Any
 from mooncake_cli.store import protocol
 from mooncake_cli.store.errors import RpcFailed, StoreError
 from mooncake_cli.store.leader import NOT_LEADER
+from mooncake_cli.store.rpc import decode_signed
 
 log = logging.getLogger("mooncake.store")
 HEADER = struct.Struct("<II")
@@ -155,12 +156,7 @@ class Lane:
                 self._sock = None
                 sock.close()
                 raise RpcFailed(f"store lane to {self.address}: {e}") from None
-        if self._secret is not None and (
-                len(reply) != 2 or not protocol.mac_ok(self._secret, reply[0], reply[1])):
-            if len(reply) == 1:  # an unsigned answer: the master refused us, say why
-                protocol.result(protocol.decode_reply(reply[0]), None)
-            raise RpcFailed(f"the reply from {self.address} has a bad MAC (wrong secret?)")
-        return protocol.result(protocol.decode_reply(reply[0]), kind)
+        return decode_signed(reply, self._secret, kind, self.address)
 
     def close(self) -> None:
         with self._lock:

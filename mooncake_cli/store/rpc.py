@@ -24,6 +24,17 @@ CHECK_EVERY = 0.5  # seconds between looks at etcd while a reply is awaited (HA)
 MAX_SWITCHES = 4  # leader changes one request follows before it gives up
 
 
+
+def decode_signed(reply: list[bytes], secret: bytes | None, kind: Any, address: str) -> Any:
+    """The result in a master's reply frames, its MAC checked when there is a secret; an
+    unsigned refusal raises the master's own error, a bad MAC RpcFailed."""
+    if secret is not None and (
+            len(reply) != 2 or not protocol.mac_ok(secret, reply[0], reply[1])):
+        if len(reply) == 1:  # an unsigned answer: the master refused us, say why
+            protocol.result(protocol.decode_reply(reply[0]), None)
+        raise RpcFailed(f"the reply from {address} has a bad MAC (wrong secret?)")
+    return protocol.result(protocol.decode_reply(reply[0]), kind)
+
 class MasterConnection:
     """Requests to the master at HOST:PORT; thread-safe (requests are serialised)."""
 
@@ -131,12 +142,7 @@ class MasterConnection:
         return True
 
     def _decode(self, reply: list[bytes], kind: Any) -> Any:
-        if self._secret is not None and (
-                len(reply) != 2 or not protocol.mac_ok(self._secret, reply[0], reply[1])):
-            if len(reply) == 1:  # an unsigned answer: the master refused us, say why
-                protocol.result(protocol.decode_reply(reply[0]), None)
-            raise RpcFailed(f"the reply from {self.address} has a bad MAC (wrong secret?)")
-        return protocol.result(protocol.decode_reply(reply[0]), kind)
+        return decode_signed(reply, self._secret, kind, self.address)
 
     def close(self) -> None:
         with self._lock:
