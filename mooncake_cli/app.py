@@ -77,7 +77,8 @@ class MooncakeGroup(TyperGroup):
 
 app = typer.Typer(cls=MooncakeGroup, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Mooncake KVCache-centric serving: transfer engine, plugins and benchmarks.")
+                  help="Mooncake KVCache-centric serving: conductor, prefill and decode "
+                       "workers, store, transfer engine, benchmarks and doctor.")
 
 
 def _version(value: bool) -> None:
@@ -90,8 +91,8 @@ def _version(value: bool) -> None:
 def root(
     ctx: typer.Context,
     config: str = typer.Option(None, "--config", metavar="FILE",
-                               help="TOML file with one table per role "
-                                    "([transfer], [store], [bench])."),
+                               help="TOML file with one table per role ([conductor], "
+                                    "[prefill], [decode], [store], [transfer], [bench])."),
     json_: bool = typer.Option(False, "--json", help="Machine-readable JSON output."),
     log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL",
                                   help="debug, info, warning or error (debug shows tracebacks)."),
@@ -110,19 +111,17 @@ def root(
 
 
 def _register() -> None:
-    from mooncake_cli.commands import bench, plugins, store, transfer
-
-    app.command("plugins")(plugins.plugins)
-    app.add_typer(transfer.app, name="transfer")
-    app.add_typer(store.app, name="store")
-    app.add_typer(bench.app, name="bench")
+    from mooncake_cli.commands import bench, conductor, plugins, store, transfer, workers
     from mooncake_cli.commands.doctor import doctor
-    app.command("doctor")(doctor)
-    from mooncake_cli.commands import workers
+
+    app.add_typer(conductor.app, name="conductor")
     app.command("prefill")(workers.prefill)
     app.command("decode")(workers.decode)
-    from mooncake_cli.commands import conductor
-    app.add_typer(conductor.app, name="conductor")
+    app.add_typer(store.app, name="store")
+    app.add_typer(transfer.app, name="transfer")
+    app.add_typer(bench.app, name="bench")
+    app.command("doctor")(doctor)
+    app.command("plugins")(plugins.plugins)
 
 
 _register()
