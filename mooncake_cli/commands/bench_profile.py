@@ -10,8 +10,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
-from mooncake_cli.bench.profile import ProfileConfig
-from mooncake_cli.bench.profile_fit import run_profile
 from mooncake_cli.config import load
 from mooncake_cli.output import Out
 
@@ -89,6 +87,9 @@ def profile(
     the real engine, fit the conductor's cost model, write profile.json and print the fit
     error on held-out points (between the fitted ones)."""
     out: Out = ctx.obj
+    from mooncake_cli.bench.profile import ProfileConfig  # torch: only when profiling
+    from mooncake_cli.bench.profile_fit import run_profile
+
     cfg = load(ProfileConfig, "bench_profile", out.config_file, model=model, device=device,
                dtype=dtype, block_size=block_size, chunk_size=chunk_size, lengths=lengths,
                cached=cached, batches=batches, contexts=contexts, repeats=repeats,
