@@ -122,3 +122,31 @@ def test_slo_admission_answers_429_with_retry_after(tmp_path) -> None:
         assert "mooncake_conductor_rerouted_total 0" in metrics
     finally:
         svc.close()
+
+
+def test_chat_uses_the_models_template(tmp_path) -> None:
+    from mooncake_cli.conductor.service import served_model
+    from tests.helpers.tiny_models import write_model
+
+    model = write_model(tmp_path / "tiny", "qwen2", seed=1)
+    template = ("{% for m in messages %}<s>{{ m['role'] }}|{{ m['content'] }}</s>{% endfor %}"
+                "{% if add_generation_prompt %}<s>assistant|{% endif %}")
+    cfg_file = model / "tokenizer_config.json"
+    doc = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    cfg_file.write_text(json.dumps({**doc, "chat_template": template, "bos_token": "<s>"}))
+    served = served_model(ConductorConfig(model=str(model)))
+    assert served.chat.native
+    messages = ({"role": "user", "content": "hi"},)
+    text = served.chat.render(messages)
+    assert text == "<s>user|hi</s><s>assistant|"
+    ids = served.chat_tokens(messages)
+    assert ids == served.tokenizer.encode(text, add_special_tokens=False)
+    assert ids.count(0) == 2  # the template's two <s>, no extra BOS from the tokenizer
+    # no template: the plain rendering, with the tokenizer's own special tokens
+    cfg_file.write_text(json.dumps({k: v for k, v in doc.items() if k != "chat_template"}))
+    plain = served_model(ConductorConfig(model=str(model)))
+    assert not plain.chat.native and plain.chat.render(messages) == "user: hi\nassistant:"
+    assert plain.chat_tokens(messages)[0] == 0  # BOS added by the tokenizer
+    cfg_file.write_text(json.dumps({**doc, "chat_template": "{% for %}"}))
+    with pytest.raises(ConfigError, match="chat template"):
+        served_model(ConductorConfig(model=str(model)))

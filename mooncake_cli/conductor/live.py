@@ -15,11 +15,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mooncake_cli import jsonhttp
 from mooncake_cli.conductor import openai_api as oa
+from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.online_cost import OnlineCostModel
@@ -37,13 +38,16 @@ class ServedModel:
     """What the conductor needs of the model: its name, tokenizer, KV namespace, context."""
 
     name: str
-    tokenizer: Any  # encode(str) -> list[int], decode(list[int]) -> str
+    tokenizer: Any  # encode(str, add_special_tokens) -> list[int], decode(list[int]) -> str
     ns: KVNamespace
     max_context: int
+    chat: ChatTemplate = field(default_factory=lambda: ChatTemplate(None))
 
-    def chat_prompt(self, messages: tuple[dict[str, str], ...]) -> str:
-        """A plain chat rendering: one "role: content" line per message, then "assistant:"."""
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    def chat_tokens(self, messages: tuple[dict[str, str], ...]) -> list[int]:
+        """The prompt of a chat request: the model's template when it has one (its special
+        tokens written by the template), else the plain rendering."""
+        text = self.chat.render(messages)
+        return list(self.tokenizer.encode(text, add_special_tokens=not self.chat.native))
 
 
 @dataclass
@@ -76,8 +80,8 @@ class Conductor:
                 raise HTTPError(400, f"token ids must be below the vocabulary size {vocab}",
                                 param="prompt")
             return list(req.token_ids)
-        text = self.model.chat_prompt(req.messages) if req.chat else (req.prompt or "")
-        ids = list(self.model.tokenizer.encode(text))
+        ids = self.model.chat_tokens(req.messages) if req.chat else \
+            list(self.model.tokenizer.encode(req.prompt or ""))
         if not ids:
             raise HTTPError(400, "the prompt is empty", param="prompt")
         return ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
 from mooncake_cli.conductor.etcd_registry import EtcdPoller
@@ -32,6 +33,7 @@ def served_model(cfg: ConductorConfig) -> ServedModel:
     from mooncake_cli.engine.tokenizer import ByteTokenizer, HFTokenizer
 
     tok: ByteTokenizer | HFTokenizer
+    chat = ChatTemplate(None)
     try:
         if cfg.model in demo.DEMOS:
             mc, tok, mid = demo.DEMOS[cfg.model], ByteTokenizer(), cfg.model
@@ -42,6 +44,7 @@ def served_model(cfg: ConductorConfig) -> ServedModel:
                                   f"{', '.join(demo.DEMOS)})")
             mc = ModelConfig.from_file(path / "config.json")
             tok, mid = HFTokenizer(path / "tokenizer.json"), model_id_from(str(path.resolve()))
+            chat = ChatTemplate.from_dir(path)
     except ModelError as e:
         raise ConfigError(str(e)) from None
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(cfg.dtype, cfg.dtype)
@@ -50,7 +53,7 @@ def served_model(cfg: ConductorConfig) -> ServedModel:
                          mc.head_dim)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return ServedModel(cfg.served_model_name or mid, tok, ns, mc.max_position)
+    return ServedModel(cfg.served_model_name or mid, tok, ns, mc.max_position, chat)
 
 
 def cost_model(cfg: ConductorConfig, ns: KVNamespace) -> CostModel:

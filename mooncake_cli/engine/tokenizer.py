@@ -9,7 +9,7 @@ from mooncake_cli.engine.errors import ModelError
 
 
 class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
 
 
@@ -27,8 +27,8 @@ class HFTokenizer:
         except Exception as e:  # the Rust side raises a plain Exception
             raise ModelError(f"{path}: cannot load tokenizer ({e})") from None
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text).ids)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=True))
@@ -45,8 +45,9 @@ class ByteTokenizer:
     EOS = 257
     VOCAB = 258
 
-    def encode(self, text: str) -> list[int]:
-        return [self.BOS, *text.encode("utf-8")]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [self.BOS, *text.encode("utf-8")] if add_special_tokens else \
+            list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
