@@ -150,3 +150,40 @@ def test_chat_uses_the_models_template(tmp_path) -> None:
     cfg_file.write_text(json.dumps({**doc, "chat_template": "{% for %}"}))
     with pytest.raises(ConfigError, match="chat template"):
         served_model(ConductorConfig(model=str(model)))
+
+
+def test_decode_side_failures_reroute_or_answer_429() -> None:
+    """A dead decode worker is marked and the request placed on another; a decode worker with
+    no KV room (the conductor's view of it being stale) turns into 429, not an error."""
+    from mooncake_cli.worker.config import WorkerConfig
+    from mooncake_cli.worker.decode import DecodeWorker
+    from mooncake_cli.worker.prefill import PrefillWorker
+
+    svc = ConductorService(ConductorConfig(port=0, instance_ttl=60.0, retries=2)).start()
+    p = PrefillWorker(WorkerConfig(role="prefill", kv_blocks=64)).start()
+    small = DecodeWorker(WorkerConfig(role="decode", kv_blocks=4)).start()
+    try:
+        def register(name: str, role: str, url: str) -> None:
+            room = {"running": 0, "waiting": 0, "free_blocks": 4096, "total_blocks": 4096}
+            assert jsonhttp.call(svc.url + "/v1/instances/register",
+                                 {"name": name, "role": role, "url": url,
+                                  "load": room}).status == 200
+
+        register("p0", "prefill", p.url)
+        register("d0", "decode", f"http://127.0.0.1:{free_port()}")  # nothing listens
+        register("d1", "decode", small.url)  # claims room it does not have
+        body = {"model": "demo", "prompt": "y" * 200, "max_tokens": 8}
+        answer = jsonhttp.call(svc.url + "/v1/completions", body, timeout=60)
+        assert answer.status == 429, answer.body
+        assert answer.body["error"]["code"] == "decode_full"
+        assert int(answer.headers["Retry-After"]) >= 1
+        alive = {i["name"]: i["alive"] for i in
+                 jsonhttp.call(svc.url + "/v1/instances").body["instances"]}
+        assert alive == {"p0": True, "d0": False, "d1": True}  # d0 was tried first, then d1
+        fits = jsonhttp.call(svc.url + "/v1/completions",
+                             {"model": "demo", "prompt": "y", "max_tokens": 4}, timeout=60)
+        assert fits.status == 200 and fits.body["usage"]["completion_tokens"] >= 1
+    finally:
+        small.close()
+        p.close()
+        svc.close()

@@ -144,12 +144,25 @@ class Conductor:
                 continue
             self._unbook(decision, sreq, prefill_only=ans.status == 200)
             if ans.status != 200:
-                msg = ans.body.get("error", {}).get("message", str(ans.body))
+                raw = ans.body.get("error")
+                err: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                msg, code = err.get("message", str(ans.body)), err.get("code")
+                if code == "decode_unreachable":  # the decode worker died: place it again
+                    self.instances.mark_dead(dname, msg)
+                    self.metrics.add("rerouted_total")
+                    tried.append(dname)
+                    continue
+                if code == "decode_full":  # no KV room left on the decode side: come back
+                    self.metrics.add("rejected_total")
+                    retry = max(1, math.ceil(self.scheduler.decode_retry()))
+                    raise HTTPError(429, f"decode instance {dname} has no KV room: {msg}",
+                                    kind="rate_limit_exceeded", code="decode_full",
+                                    headers={"Retry-After": str(retry)})
                 raise HTTPError(503 if ans.status >= 500 else ans.status,
                                 f"prefill on {pname} failed: {msg}", kind="server_error")
             self._learn(pname, keys, ans.body, decision)
             return Placed(decision, purl, durl, ans.body)
-        raise HTTPError(503, f"no prefill instance could take the request (tried "
+        raise HTTPError(503, f"no instance could take the request (tried "
                              f"{', '.join(tried)})", kind="server_error")
 
     def _decide(self, sreq: Request) -> Decision:

@@ -120,7 +120,7 @@ class Scheduler:
             retry = ttft - self.slo.ttft_s  # queues drain in real time
             why.append(f"estimated TTFT {ttft:.3f} s > SLO {self.slo.ttft_s:g} s")
         if over_tbt:
-            retry = max(retry, self._decode_retry())
+            retry = max(retry, self.decode_retry())
             limit = self.slo.tbt_s
             if tbt is None or tbt == math.inf or limit is None:
                 why.append("no decode instance has KV room")
@@ -129,7 +129,7 @@ class Scheduler:
         return Decision(req.id, now, placement, dec.name if dec else None, tbt, False,
                         round(max(retry, 0.001), 3), "; ".join(why))
 
-    def _decode_retry(self) -> float:
+    def decode_retry(self) -> float:
         """Seconds until some decode request is expected to finish and free room."""
         insts = [i for i in self.cluster.live_decode() if i.batch]
         if not insts:

@@ -35,12 +35,13 @@ class KVStream:
             answer = call(self.url + "/v1/kv/reserve", body, timeout=timeout)
         except (OSError, ValueError) as e:
             raise HTTPError(502, f"decode worker {self.url} unreachable: {e}",
-                            kind="upstream_error") from None
+                            kind="upstream_error", code="decode_unreachable") from None
         if answer.status != 200:
             message = _message(answer.body)
             raise HTTPError(503 if answer.status == 503 else 502,
                             f"decode worker {self.url} refused the KV reservation: {message}",
-                            kind="upstream_error")
+                            kind="upstream_error",
+                            code="decode_full" if answer.status == 503 else "decode_refused")
         got: dict[str, Any] = answer.body
         self.segment = str(got["segment"])
         self.block_ids = [int(b) for b in got["block_ids"]]
