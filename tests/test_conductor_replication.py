@@ -30,14 +30,14 @@ def test_replicated_keys_make_the_fetching_instance_a_holder() -> None:
     decision = conductor.scheduler.schedule(Request("r1", 4 * BS + 5, 2, keys), 0.0)
     answer = {"prompt_tokens": 4 * BS + 5, "cached_tokens": 3 * BS, "stored_keys": [],
               "replicated_keys": keys[:3]}
-    conductor._learn("p2", keys, answer, decision)
+    conductor.bookings.learn("p2", keys, answer, decision)
     assert cluster.index.holders("k0") == {"p1", "p2"}
     assert cluster.index.holders("k3") == {"p1"}
     assert cluster.index.prefix_len("p2", keys) == 3
     assert conductor.metrics.counters["blocks_replicated_total"] == 3
     text = conductor.metrics.render([])
     assert "mooncake_conductor_blocks_replicated_total 3" in text
-    conductor._learn("p2", keys, answer | {"replicated_keys": "k3"}, decision)  # malformed
+    conductor.bookings.learn("p2", keys, answer | {"replicated_keys": "k3"}, decision)  # malformed
     assert cluster.index.holders("k3") == {"p1"}
     assert conductor.metrics.counters["blocks_replicated_total"] == 3
     conductor.close()

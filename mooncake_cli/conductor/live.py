@@ -8,10 +8,8 @@ again (up to `retries` times); no admissible pair answers 429 with Retry-After.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,13 +18,12 @@ from typing import Any
 
 from mooncake_cli import jsonhttp
 from mooncake_cli.conductor import openai_api as oa
+from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
-from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.state import Request
-from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.jsonhttp import HTTPError
 from mooncake_cli.kvkeys import KVNamespace, block_keys
 
@@ -68,9 +65,7 @@ class Conductor:
         self.metrics = metrics
         self.retries = retries
         self.timeout = timeout
-        self._explain = open(explain_path, "a", encoding="utf-8") if explain_path else None
-        self._explain_lock = threading.Lock()
-        self._queued: dict[str, dict[str, float]] = {}  # prefill instance -> rid -> estimate
+        self.bookings = Bookings(scheduler, instances, metrics, explain_path)
 
     # -- request path ---------------------------------------------------------------------
     def tokens(self, req: oa.Completion) -> list[int]:
@@ -123,10 +118,10 @@ class Conductor:
         sreq = Request(rid, len(ids), req.sampling.max_tokens, keys)
         tried: list[str] = []
         for _attempt in range(self.retries + 1):
-            decision = self._decide(sreq)
+            decision = self.bookings.decide(sreq)
             pname, dname = decision.prefill, decision.decode
             if dname is None:
-                self._unbook(decision, sreq)
+                self.bookings.unbook(decision, sreq)
                 raise HTTPError(503, "no live decode instance", kind="server_error")
             try:
                 purl, durl = self.instances.url(pname), self.instances.url(dname)
@@ -137,12 +132,12 @@ class Conductor:
                         "reuse": "any" if chosen.fetch_blocks > chosen.local_blocks else "local"}
                 ans = jsonhttp.call(purl + "/v1/prefill", body, timeout=self.timeout)
             except (OSError, KeyError) as e:
-                self._unbook(decision, sreq)
+                self.bookings.unbook(decision, sreq)
                 self.instances.mark_dead(pname, f"prefill request failed: {e}")
                 self.metrics.add("rerouted_total")
                 tried.append(pname)
                 continue
-            self._unbook(decision, sreq, prefill_only=ans.status == 200)
+            self.bookings.unbook(decision, sreq, prefill_only=ans.status == 200)
             if ans.status != 200:
                 raw = ans.body.get("error")
                 err: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -160,76 +155,10 @@ class Conductor:
                                     headers={"Retry-After": str(retry)})
                 raise HTTPError(503 if ans.status >= 500 else ans.status,
                                 f"prefill on {pname} failed: {msg}", kind="server_error")
-            self._learn(pname, keys, ans.body, decision)
+            self.bookings.learn(pname, keys, ans.body, decision)
             return Placed(decision, purl, durl, ans.body)
         raise HTTPError(503, f"no instance could take the request (tried "
                              f"{', '.join(tried)})", kind="server_error")
-
-    def _decide(self, sreq: Request) -> Decision:
-        with self.instances.lock:
-            now = time.monotonic()
-            try:
-                decision = self.scheduler.schedule(sreq, now,
-                                                   explain=self._explain is not None)
-            except ConfigError as e:  # no live prefill instance
-                self.metrics.add("errors_total")
-                raise HTTPError(503, str(e), kind="server_error",
-                                headers={"Retry-After": "1"}) from None
-            self._log(decision)
-            if not decision.admitted:
-                self.metrics.add("rejected_total")
-                retry = decision.retry_after_s or 1.0
-                raise HTTPError(429, f"cannot meet the SLO: {decision.reason}",
-                                kind="rate_limit_exceeded", code="slo",
-                                headers={"Retry-After": str(max(1, math.ceil(retry)))})
-            self.scheduler.commit(decision, sreq, now)
-            self._queued.setdefault(decision.prefill, {})[sreq.id] = \
-                decision.placement.chosen.prefill_s
-            return decision
-
-    def _unbook(self, decision: Decision, sreq: Request, prefill_only: bool = False) -> None:
-        """The prefill part of a booking is over (done or failed); unless `prefill_only`, the
-        decode part too."""
-        with self.instances.lock:
-            now = time.monotonic()
-            queued = self._queued.get(decision.prefill, {})
-            queued.pop(sreq.id, None)
-            inst = self.scheduler.cluster.by_name.get(decision.prefill)
-            if inst is not None:
-                inst.queued = max(0, inst.queued - 1)
-                inst.busy_until = now + sum(queued.values())
-            if not prefill_only:
-                self._release_decode(decision.decode, sreq)
-
-    def _release_decode(self, name: str | None, sreq: Request) -> None:
-        with self.instances.lock:
-            dec = self.scheduler.cluster.by_name.get(name) if name else None
-            if dec is not None:
-                dec.batch = max(0, dec.batch - 1)
-                dec.context_tokens = max(0, dec.context_tokens - sreq.input_tokens -
-                                         sreq.output_tokens)
-
-    def _learn(self, pname: str, keys: list[str], body: dict[str, Any],
-               decision: Decision) -> None:
-        prompt, cached = int(body.get("prompt_tokens", 0)), int(body.get("cached_tokens", 0))
-        self.metrics.add("prompt_tokens_total", prompt)
-        self.metrics.add("prefix_hit_tokens_total", cached)
-        fetched = decision.placement.chosen.fetch_blocks
-        if fetched:
-            self.metrics.add("blocks_fetched_total", fetched)
-        stored = body.get("stored_keys")
-        copied = body.get("replicated_keys")  # fetched blocks that gained a replica there
-        copied = [k for k in copied if isinstance(k, str)] if isinstance(copied, list) else []
-        self.metrics.add("blocks_replicated_total", len(copied))
-        with self.instances.lock:  # what the instance holds now: what it had, what it stored
-            index = self.scheduler.cluster.index
-            index.touch(pname, keys[:decision.placement.chosen.local_blocks])
-            index.store(pname, stored if isinstance(stored, list) else [])
-            index.store(pname, copied)
-        model = self.scheduler.cluster.model
-        if isinstance(model, OnlineCostModel):
-            compute = float(body.get("timing", {}).get("compute", 0.0))
-            model.observe_prefill(prompt - cached, compute)
 
     def _decode(self, placed: Placed, rid: str, ids: list[int],
                 req: oa.Completion) -> Iterator[dict[str, Any]]:
@@ -245,7 +174,7 @@ class Conductor:
             self.metrics.add("errors_total")
             raise HTTPError(503, f"decode worker failed: {e}", kind="server_error") from None
         finally:
-            self._release_decode(placed.decision.decode, sreq)
+            self.bookings.release_decode(placed.decision.decode, sreq)
 
     def _timed(self, events: Iterator[dict[str, Any]],
                start: float) -> Iterator[dict[str, Any]]:
@@ -284,12 +213,5 @@ class Conductor:
     def _sampling(req: oa.Completion) -> dict[str, Any]:
         return req.sampling.to_json() | {"stop_token_ids": []}
 
-    def _log(self, decision: Decision) -> None:
-        if self._explain is not None:
-            with self._explain_lock:
-                self._explain.write(json.dumps(decision.explain()) + "\n")
-                self._explain.flush()
-
     def close(self) -> None:
-        if self._explain is not None:
-            self._explain.close()
+        self.bookings.close()

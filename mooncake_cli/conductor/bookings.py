@@ -1,0 +1,109 @@
+"""Bookings: the live conductor's side of the scheduler — decide (admit or 429) and book a
+request on its instances, release the booking when its prefill or decode ends, and learn from
+each prefill answer (cache index, metrics, the online cost model). Every call holds the
+instance registry's lock, so decisions see one consistent cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from typing import Any
+
+from mooncake_cli.conductor.instances import Instances
+from mooncake_cli.conductor.live_metrics import ConductorMetrics
+from mooncake_cli.conductor.online_cost import OnlineCostModel
+from mooncake_cli.conductor.scheduler import Decision, Scheduler
+from mooncake_cli.conductor.state import Request
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.jsonhttp import HTTPError
+
+
+class Bookings:
+    def __init__(self, scheduler: Scheduler, instances: Instances, metrics: ConductorMetrics,
+                 explain_path: str = "") -> None:
+        self.scheduler = scheduler
+        self.instances = instances
+        self.metrics = metrics
+        self._explain = open(explain_path, "a", encoding="utf-8") if explain_path else None
+        self._explain_lock = threading.Lock()
+        self._queued: dict[str, dict[str, float]] = {}  # prefill instance -> rid -> estimate
+
+    def decide(self, sreq: Request) -> Decision:
+        """Admit and book `sreq`, or raise 429 (SLO) / 503 (no live prefill instance)."""
+        with self.instances.lock:
+            now = time.monotonic()
+            try:
+                decision = self.scheduler.schedule(sreq, now,
+                                                   explain=self._explain is not None)
+            except ConfigError as e:  # no live prefill instance
+                self.metrics.add("errors_total")
+                raise HTTPError(503, str(e), kind="server_error",
+                                headers={"Retry-After": "1"}) from None
+            self._log(decision)
+            if not decision.admitted:
+                self.metrics.add("rejected_total")
+                retry = decision.retry_after_s or 1.0
+                raise HTTPError(429, f"cannot meet the SLO: {decision.reason}",
+                                kind="rate_limit_exceeded", code="slo",
+                                headers={"Retry-After": str(max(1, math.ceil(retry)))})
+            self.scheduler.commit(decision, sreq, now)
+            self._queued.setdefault(decision.prefill, {})[sreq.id] = \
+                decision.placement.chosen.prefill_s
+            return decision
+
+    def unbook(self, decision: Decision, sreq: Request, prefill_only: bool = False) -> None:
+        """The prefill part of a booking is over (done or failed); unless `prefill_only`, the
+        decode part too."""
+        with self.instances.lock:
+            now = time.monotonic()
+            queued = self._queued.get(decision.prefill, {})
+            queued.pop(sreq.id, None)
+            inst = self.scheduler.cluster.by_name.get(decision.prefill)
+            if inst is not None:
+                inst.queued = max(0, inst.queued - 1)
+                inst.busy_until = now + sum(queued.values())
+            if not prefill_only:
+                self.release_decode(decision.decode, sreq)
+
+    def release_decode(self, name: str | None, sreq: Request) -> None:
+        with self.instances.lock:
+            dec = self.scheduler.cluster.by_name.get(name) if name else None
+            if dec is not None:
+                dec.batch = max(0, dec.batch - 1)
+                dec.context_tokens = max(0, dec.context_tokens - sreq.input_tokens -
+                                         sreq.output_tokens)
+
+    def learn(self, pname: str, keys: list[str], body: dict[str, Any],
+               decision: Decision) -> None:
+        prompt, cached = int(body.get("prompt_tokens", 0)), int(body.get("cached_tokens", 0))
+        self.metrics.add("prompt_tokens_total", prompt)
+        self.metrics.add("prefix_hit_tokens_total", cached)
+        fetched = decision.placement.chosen.fetch_blocks
+        if fetched:
+            self.metrics.add("blocks_fetched_total", fetched)
+        stored = body.get("stored_keys")
+        copied = body.get("replicated_keys")  # fetched blocks that gained a replica there
+        copied = [k for k in copied if isinstance(k, str)] if isinstance(copied, list) else []
+        self.metrics.add("blocks_replicated_total", len(copied))
+        with self.instances.lock:  # what the instance holds now: what it had, what it stored
+            index = self.scheduler.cluster.index
+            index.touch(pname, keys[:decision.placement.chosen.local_blocks])
+            index.store(pname, stored if isinstance(stored, list) else [])
+            index.store(pname, copied)
+        model = self.scheduler.cluster.model
+        if isinstance(model, OnlineCostModel):
+            compute = float(body.get("timing", {}).get("compute", 0.0))
+            model.observe_prefill(prompt - cached, compute)
+
+    def _log(self, decision: Decision) -> None:
+        if self._explain is not None:
+            with self._explain_lock:
+                self._explain.write(json.dumps(decision.explain()) + "\n")
+                self._explain.flush()
+
+    def close(self) -> None:
+        if self._explain is not None:
+            self._explain.close()
