@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mooncake_cli.app import app
+from mooncake_cli.worker.config import WorkerConfig
 
 runner = CliRunner()
 
@@ -26,3 +27,13 @@ def test_bad_settings_exit_2(role: str, args: list[str], message: str) -> None:
                            prog_name="mooncake")
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+
+
+def test_advertised_host_names_the_worker() -> None:
+    from mooncake_cli.worker.prefill import PrefillWorker
+
+    with PrefillWorker(WorkerConfig(role="prefill", advertise="node-7", kv_blocks=8)) as w:
+        port = w.http.port
+        assert w.url == f"http://node-7:{port}" and w.name == f"prefill@node-7:{port}"
+        assert w.registration()["url"] == w.url
+        assert w.engine is not None and w.engine.address.startswith("node-7:")

@@ -27,6 +27,9 @@ SEGMENT = typer.Option(None, "--segment-size",
                             "[default: 256MiB].")
 LISTEN = typer.Option(None, "--listen", metavar="HOST:PORT",
                       help="HTTP address; port 0 picks a free one [default: 127.0.0.1:0].")
+ADVERTISE = typer.Option(None, "--advertise", metavar="HOST",
+                         help="Host the conductor and other workers reach this one at "
+                              "[default: the --listen host; this host's name for 0.0.0.0].")
 BLOCK = typer.Option(None, "--block-size", metavar="TOKENS",
                      help="Tokens per KV block [default: 16].")
 BLOCKS = typer.Option(None, "--kv-blocks", metavar="N",
@@ -75,24 +78,28 @@ def _serve(out: Out, role: str, **flags: Any) -> None:
 
 def prefill(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: str = DTYPE,
             store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
-            block_size: int = BLOCK, kv_blocks: int = BLOCKS, chunk_size: int = CHUNK,
+            advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
+            chunk_size: int = CHUNK,
             conductor: str = CONDUCTOR, name: str = NAME, heartbeat: float = HEARTBEAT) -> None:
     """Serve prefill: reuse stored prefix blocks, compute the rest in chunks, store new blocks
     and stream the KV to a decode worker (POST /v1/prefill)."""
     _serve(ctx.obj, "prefill", model=model, device=device, dtype=dtype, store=store,
-           segment_size=segment_size, listen=listen, block_size=block_size,
+           segment_size=segment_size, listen=listen, advertise=advertise,
+           block_size=block_size,
            kv_blocks=kv_blocks, chunk_size=chunk_size, conductor=conductor, name=name,
            heartbeat=heartbeat)
 
 
 def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: str = DTYPE,
            store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
-           block_size: int = BLOCK, kv_blocks: int = BLOCKS, chunk_size: int = CHUNK,
+           advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
+           chunk_size: int = CHUNK,
            conductor: str = CONDUCTOR, name: str = NAME, heartbeat: float = HEARTBEAT) -> None:
     """Serve decode: KV reservations filled by prefill workers, continuous batching, tokens
     streamed as server-sent events (POST /v1/kv/reserve, /v1/generate, /v1/kv/release).
     With --store it contributes --segment-size of DRAM to the store's pool."""
     _serve(ctx.obj, "decode", model=model, device=device, dtype=dtype, store=store,
-           segment_size=segment_size, listen=listen, block_size=block_size,
+           segment_size=segment_size, listen=listen, advertise=advertise,
+           block_size=block_size,
            kv_blocks=kv_blocks, chunk_size=chunk_size, conductor=conductor, name=name,
            heartbeat=heartbeat)

@@ -31,6 +31,8 @@ class WorkerConfig:
     store: str = "none"  # HOST:PORT (or etcd://...) of the store master; "none": no store
     segment_size: int = size_field(256 << 20, "DRAM contributed to the store (0: none)")
     listen: str = "127.0.0.1:0"
+    advertise: str = ""  # host peers and the conductor use; default: the listen host
+    #                      (this host's name when listening on 0.0.0.0)
     block_size: int = 16  # tokens per KV block (one store object)
     kv_blocks: int = 512  # blocks in the paged KV cache
     chunk_size: int = 512  # prompt tokens one prefill step computes

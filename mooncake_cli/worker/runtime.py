@@ -15,6 +15,7 @@ from mooncake_cli.jsonhttp import JSONHandler, serve
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine
+from mooncake_cli.transfer.hostinfo import hostname
 from mooncake_cli.worker.config import WorkerConfig, split_listen
 from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.registration import Registrar
@@ -65,15 +66,17 @@ class WorkerRuntime:
             "total_blocks": lambda: float(self.cache.num_blocks)})
         host, port = split_listen(cfg.listen)
         self.http = serve(self.handler, self, host, port, f"mooncake-{self.role}-http")
-        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.http.port}"
-        self.name = cfg.name or f"{self.role}@{host}:{self.http.port}"
+        reach = cfg.advertise or (host if host not in ("0.0.0.0", "::", "") else hostname())
+        self.url = f"http://{reach if ':' not in reach else f'[{reach}]'}:{self.http.port}"
+        self.name = cfg.name or f"{self.role}@{reach}:{self.http.port}"
         self.engine: TransferEngine | None = None
         self.store: StoreClient | None = None
         self._registrar: Registrar | EtcdRegistrar | None = None
         try:
             tc = transfer or TransferConfig()
             p2p = tc.metadata.strip().lower() in ("p2p", "p2phandshake", "")
-            tc = dataclasses.replace(tc, host=host, name="" if p2p else (tc.name or self.name))
+            tc = dataclasses.replace(tc, host=host, advertise=tc.advertise or cfg.advertise,
+                                     name="" if p2p else (tc.name or self.name))
             self.engine = TransferEngine(tc, registry or Registry.from_env())
             self.pool_region = self.engine.register(self.cache.pool)
             if cfg.uses_store:
