@@ -93,7 +93,15 @@ class JSONHandler(BaseHTTPRequestHandler):
             self._send(status, answer)
 
     def _body(self) -> dict[str, Any]:
-        size = int(self.headers.get("Content-Length") or 0)
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True  # the unread body would be taken for a request
+            raise HTTPError(411, "send the body with a Content-Length, not Transfer-Encoding")
+        length = (self.headers.get("Content-Length") or "0").strip()
+        if not length.isdigit():  # also refuses a negative length: never read(-1)
+            self.close_connection = True
+            raise HTTPError(400, f"Content-Length must be a number of bytes >= 0, "
+                                 f"not {length!r}")
+        size = int(length)
         if size > self.max_body:
             self.close_connection = True
             raise HTTPError(413, f"request body of {size} bytes is over {self.max_body}")
@@ -114,6 +122,8 @@ class JSONHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8" if is_text
                          else "application/json")
         self.send_header("Content-Length", str(len(raw)))
+        if self.close_connection:  # e.g. a body left unread: say so
+            self.send_header("Connection", "close")
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
@@ -177,6 +187,8 @@ def call(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0,
             parsed = json.loads(data) if data else {}
         except ValueError:
             parsed = {"text": data.decode(errors="replace")}
+        if not isinstance(parsed, dict):  # callers read fields: keep them on a dict
+            parsed = {"value": parsed}
         return Answer(resp.status, parsed, dict(resp.getheaders()))
     finally:
         conn.close()
@@ -186,7 +198,9 @@ def events(url: str, body: dict[str, Any] | None = None,
            timeout: float = 60.0) -> Iterator[dict[str, Any]]:
     """POST (or GET) `url` and yield each `data:` event of its event stream as a dict.
 
-    A non-2xx answer raises `HTTPError` with the peer's message; the stream ends at `[DONE]`.
+    A non-2xx answer raises `HTTPError` with the peer's message (and code); the stream ends at
+    `[DONE]`. A stream that breaks off before `[DONE]`, or carries an event that is not JSON,
+    raises OSError: the peer failed mid-answer.
     """
     host, port, path = _split(url)
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -197,19 +211,32 @@ def events(url: str, body: dict[str, Any] | None = None,
         resp = conn.getresponse()
         if resp.status >= 300:
             data = resp.read()
+            message, code = data.decode(errors="replace"), None
             try:
-                message = json.loads(data)["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = data.decode(errors="replace")
-            raise HTTPError(resp.status, message, kind="upstream_error")
-        for line in resp:
-            text = line.decode().strip()
-            if not text.startswith("data:"):
-                continue
-            payload = text[5:].strip()
-            if payload == "[DONE]":
-                return
-            yield json.loads(payload)
+                err = json.loads(data)["error"]
+                message, code = err["message"], err.get("code")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass
+            raise HTTPError(resp.status, message, kind="upstream_error", code=code)
+        try:
+            for line in resp:
+                text = line.decode(errors="replace").strip()
+                if not text.startswith("data:"):
+                    continue
+                payload = text[5:].strip()
+                if payload == "[DONE]":
+                    return
+                try:
+                    event = json.loads(payload)
+                except ValueError:
+                    raise OSError(f"{url} sent an event that is not JSON: "
+                                  f"{payload[:80]!r}") from None
+                if not isinstance(event, dict):
+                    raise OSError(f"{url} sent an event that is not an object: {payload[:80]!r}")
+                yield event
+        except http.client.HTTPException as e:
+            raise OSError(f"{url}: the event stream broke: {type(e).__name__}: {e}") from e
+        raise OSError(f"{url}: the event stream ended before [DONE]")
     finally:
         conn.close()
 

@@ -152,9 +152,10 @@ def test_chat_uses_the_models_template(tmp_path) -> None:
         served_model(ConductorConfig(model=str(model)))
 
 
-def test_decode_side_failures_reroute_or_answer_429() -> None:
-    """A dead decode worker is marked and the request placed on another; a decode worker with
-    no KV room (the conductor's view of it being stale) turns into 429, not an error."""
+def test_decode_side_failures_reroute_400_or_429() -> None:
+    """A dead decode worker is marked and the request placed on another; a request that can
+    never fit the decode worker's cache (the conductor's view of it being wrong) is 400
+    context_length_exceeded; one that fits but finds the cache held by others is 429."""
     from mooncake_cli.worker.config import WorkerConfig
     from mooncake_cli.worker.decode import DecodeWorker
     from mooncake_cli.worker.prefill import PrefillWorker
@@ -174,16 +175,58 @@ def test_decode_side_failures_reroute_or_answer_429() -> None:
         register("d1", "decode", small.url)  # claims room it does not have
         body = {"model": "demo", "prompt": "y" * 200, "max_tokens": 8}
         answer = jsonhttp.call(svc.url + "/v1/completions", body, timeout=60)
-        assert answer.status == 429, answer.body
-        assert answer.body["error"]["code"] == "decode_full"
-        assert int(answer.headers["Retry-After"]) >= 1
+        assert answer.status == 400, answer.body
+        assert answer.body["error"]["code"] == "context_length_exceeded"
+        assert answer.body["error"]["param"] == "prompt"
         alive = {i["name"]: i["alive"] for i in
                  jsonhttp.call(svc.url + "/v1/instances").body["instances"]}
         assert alive == {"p0": True, "d0": False, "d1": True}  # d0 was tried first, then d1
-        fits = jsonhttp.call(svc.url + "/v1/completions",
-                             {"model": "demo", "prompt": "y", "max_tokens": 4}, timeout=60)
+        # the whole cache of d1 held by another request: a small one must come back later
+        held = jsonhttp.call(small.url + "/v1/kv/reserve",
+                             {"request_id": "other", "num_tokens": 64, "max_tokens": 0})
+        assert held.status == 200, held.body
+        small_req = {"model": "demo", "prompt": "y", "max_tokens": 4}
+        full = jsonhttp.call(svc.url + "/v1/completions", small_req, timeout=60)
+        assert full.status == 429, full.body
+        assert full.body["error"]["code"] == "decode_full"
+        assert int(full.headers["Retry-After"]) >= 1
+        assert jsonhttp.call(small.url + "/v1/kv/release",
+                             {"request_id": "other"}).status == 200
+        fits = jsonhttp.call(svc.url + "/v1/completions", small_req, timeout=60)
         assert fits.status == 200 and fits.body["usage"]["completion_tokens"] >= 1
+        state = svc.conductor.scheduler.cluster.by_name
+        assert state["d1"].batch == 0 and state["p0"].queued == 0  # nothing left booked
     finally:
         small.close()
         p.close()
+        svc.close()
+
+
+def test_never_fits_is_400_and_full_now_is_429() -> None:
+    """The scheduler's own view: a request over every decode instance's whole KV capacity is
+    400 (it would get 429 forever); one that only finds them full now is 429."""
+    svc = ConductorService(ConductorConfig(port=0, instance_ttl=60.0)).start()
+    try:
+        def register(name: str, role: str, free: int) -> None:
+            load = {"running": 1, "waiting": 0, "free_blocks": free, "total_blocks": 4}
+            assert jsonhttp.call(svc.url + "/v1/instances/register",
+                                 {"name": name, "role": role, "load": load,
+                                  "url": f"http://127.0.0.1:{free_port()}"}).status == 200
+
+        register("p0", "prefill", 0)
+        register("d0", "decode", 4)  # 4 blocks of 16 tokens, all free
+        chat = {"model": "demo", "messages": [{"role": "user", "content": "z" * 100}],
+                "max_tokens": 8}
+        never = jsonhttp.call(svc.url + "/v1/chat/completions", chat)
+        assert never.status == 400, never.body
+        assert never.body["error"]["code"] == "context_length_exceeded"
+        assert never.body["error"]["param"] == "messages"
+        assert "largest decode instance holds 64" in never.body["error"]["message"]
+        register("d0", "decode", 0)  # now full
+        busy = jsonhttp.call(svc.url + "/v1/completions",
+                             {"model": "demo", "prompt": "z", "max_tokens": 4})
+        assert busy.status == 429 and "no decode instance has KV room" in \
+            busy.body["error"]["message"]
+        assert svc.conductor.bookings._queued.get("p0", {}) == {}
+    finally:
         svc.close()

@@ -13,6 +13,7 @@ from rich.table import Table
 from mooncake_cli.bench.sim_plot import require_matplotlib, write_plots
 from mooncake_cli.bench.trace_file import load_trace
 from mooncake_cli.bench.trace_live import ReplayConfig, replay
+from mooncake_cli.conductor.config import SIMULATOR_ONLY
 from mooncake_cli.conductor.scheduler import POLICIES
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
@@ -72,9 +73,12 @@ def run_live(out: Out, trace_file: str, url: str | None, local: str | None, mode
 
             p, d = parse_local(local or "")
             names = [x.strip() for x in (policy or "random,kvcache-centric").split(",")]
-            bad = [x for x in names if x not in POLICIES]
+            live = [p for p in POLICIES if p not in SIMULATOR_ONLY]
+            bad = [x for x in names if x not in live]
             if bad or not names:
-                raise ConfigError(f"unknown policy {', '.join(bad)}: use {', '.join(POLICIES)}")
+                raise ConfigError(f"policy {', '.join(bad) or '(none)'} cannot run live: use "
+                                  f"{', '.join(live)} ({', '.join(SIMULATOR_ONLY)}: --simulate "
+                                  "only)")
             worker = WorkerConfig(kv_blocks=kv_blocks or 512)
             for name in names:
                 task = bar.add_task(name, total=len(reqs))

@@ -32,8 +32,9 @@ def start(
                                         "[default: 16]."),
     dtype: str = typer.Option(None, "--dtype", help="The workers' KV dtype [default: float32]."),
     policy: str = typer.Option(None, "--policy",
-                               help="random, round-robin, least-load, cache-aware, "
-                                    "kvcache-centric (default) or pipeline."),
+                               help="random, round-robin, least-load, cache-aware or "
+                                    "kvcache-centric (default); kvcache-pipeline is "
+                                    "simulator only (`mooncake bench trace`)."),
     prefill: str = typer.Option(None, "--prefill",
                                 help="Comma-separated prefill worker URLs (workers may also "
                                      "register themselves)."),

@@ -31,8 +31,10 @@ class Bookings:
         self._explain_lock = threading.Lock()
         self._queued: dict[str, dict[str, float]] = {}  # prefill instance -> rid -> estimate
 
-    def decide(self, sreq: Request) -> Decision:
-        """Admit and book `sreq`, or raise 429 (SLO) / 503 (no live prefill instance)."""
+    def decide(self, sreq: Request, param: str = "prompt") -> Decision:
+        """Admit and book `sreq`, or raise 429 (SLO, or no decode room now), 400 (no decode
+        instance could ever hold it; `param` names the prompt) or 503 (no live prefill
+        instance)."""
         with self.instances.lock:
             now = time.monotonic()
             try:
@@ -43,6 +45,10 @@ class Bookings:
                 raise HTTPError(503, str(e), kind="server_error",
                                 headers={"Retry-After": "1"}) from None
             self._log(decision)
+            if decision.too_large:
+                raise HTTPError(400, f"the request does not fit this cluster: "
+                                     f"{decision.reason}; shorten the prompt or max_tokens",
+                                param=param, code="context_length_exceeded")
             if not decision.admitted:
                 self.metrics.add("rejected_total")
                 retry = decision.retry_after_s or 1.0
@@ -50,8 +56,9 @@ class Bookings:
                                 kind="rate_limit_exceeded", code="slo",
                                 headers={"Retry-After": str(max(1, math.ceil(retry)))})
             self.scheduler.commit(decision, sreq, now)
-            self._queued.setdefault(decision.prefill, {})[sreq.id] = \
-                decision.placement.chosen.prefill_s
+            chosen = decision.placement.chosen
+            for name in (chosen.instance, *chosen.stages):
+                self._queued.setdefault(name, {})[sreq.id] = chosen.prefill_s
             return decision
 
     def unbook(self, decision: Decision, sreq: Request, prefill_only: bool = False) -> None:
@@ -59,12 +66,12 @@ class Bookings:
         decode part too."""
         with self.instances.lock:
             now = time.monotonic()
-            queued = self._queued.get(decision.prefill, {})
-            queued.pop(sreq.id, None)
-            inst = self.scheduler.cluster.by_name.get(decision.prefill)
-            if inst is not None:
-                inst.queued = max(0, inst.queued - 1)
-                inst.busy_until = now + sum(queued.values())
+            for name in (decision.prefill, *decision.placement.chosen.stages):
+                self._queued.get(name, {}).pop(sreq.id, None)
+                inst = self.scheduler.cluster.by_name.get(name)
+                if inst is not None:
+                    inst.queued = max(0, inst.queued - 1)
+                    inst.busy_until = now + sum(self._queued.get(name, {}).values())
             if not prefill_only:
                 self.release_decode(decision.decode, sreq)
 

@@ -15,10 +15,13 @@
 from __future__ import annotations
 
 import math
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
 from mooncake_cli.interfaces import ConfigError
+
+SIMULATOR_ONLY = ("kvcache-pipeline",)  # policies whose plans the live workers cannot run
 
 
 def _urls(value: Any, name: str) -> tuple[str, ...]:
@@ -31,6 +34,11 @@ def _urls(value: Any, name: str) -> tuple[str, ...]:
         v = v.strip().rstrip("/")
         if not v.startswith("http://"):
             v = "http://" + v
+        try:
+            if urllib.parse.urlsplit(v).port is None or not urllib.parse.urlsplit(v).hostname:
+                raise ValueError("no port")
+        except ValueError:
+            raise ConfigError(f"{name}: {v!r} is not an http://HOST:PORT URL") from None
         out.append(v)
     return tuple(out)
 
@@ -82,4 +90,8 @@ class ConductorConfig:
 
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy '{self.policy}': use one of "
-                              f"{', '.join(POLICIES)}")
+                              f"{', '.join(p for p in POLICIES if p not in SIMULATOR_ONLY)}")
+        if self.policy in SIMULATOR_ONLY:
+            raise ConfigError(f"policy '{self.policy}' is simulator only: workers do not run "
+                              "pipeline stages yet (use it with `mooncake bench trace`; live, "
+                              "use kvcache-centric)")

@@ -152,8 +152,10 @@ class EtcdPoller:
         for value, _meta in found:
             try:
                 body = json.loads(value)
+                if not isinstance(body, dict):
+                    raise ValueError(f"a registration must be a JSON object, not {body!r:.80}")
                 now.add(self.instances.register(body).name)
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, AttributeError) as e:
                 log.warning("ignoring a bad registration in etcd: %s", e)
         for gone in self._seen - now:
             self.instances.deregister(gone)

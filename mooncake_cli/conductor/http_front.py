@@ -61,7 +61,7 @@ class ConductorHandler(JSONHandler):
     def register(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
         try:
             inst = self.conductor.instances.register(body)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise HTTPError(400, str(e)) from None
         return 200, {"registered": inst.name, "ttl": self.conductor.instances.ttl}
 

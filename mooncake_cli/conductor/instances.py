@@ -10,8 +10,10 @@ again, so it comes back when it answers.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,17 +61,22 @@ class Instances:
                 not isinstance(url, str) or not url.startswith("http://"):
             raise ValueError("registration needs 'name', 'role' (prefill or decode) and an "
                              "http:// 'url'")
+        url = url.rstrip("/")
+        _, port, _ = jsonhttp._split(url)  # ValueError: not http://HOST:PORT
+        if urllib.parse.urlsplit(url).port is None or port < 1:
+            raise ValueError(f"the 'url' {url!r} needs a port: http://HOST:PORT")
         raw_load = body.get("load")
         load: dict[str, Any] = raw_load if isinstance(raw_load, dict) else {}
+        _check_load(load)
         with self.lock:
             inst = self._by_name.get(name)
             if inst is None or inst.role != role:
                 if inst is not None:
                     self.cluster.remove(name)
-                inst = self._by_name[name] = Instance(name, role, url.rstrip("/"), static)
+                inst = self._by_name[name] = Instance(name, role, url, static)
                 self.cluster.add(name, role)
                 log.info("%s instance %s at %s joined", role, name, url)
-            inst.url, inst.static = url.rstrip("/"), inst.static or static
+            inst.url, inst.static = url, inst.static or static
             inst.last_seen, inst.load, inst.dead_reason = self.clock(), load, ""
             self._apply_load(inst)
             return inst
@@ -129,6 +136,25 @@ class Instances:
         with self.lock:
             return [i.to_dict(now) for i in sorted(self._by_name.values(),
                                                    key=lambda i: (i.role, i.name))]
+
+
+LOAD_COUNTS = ("total_blocks", "free_blocks", "running", "waiting")
+
+
+def _check_load(load: dict[str, Any]) -> None:
+    """ValueError unless the load's counts are integers >= 0 (free <= total) and its step
+    time a finite number >= 0: checked before the registry changes."""
+    for key in LOAD_COUNTS:
+        v = load.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ValueError(f"load.{key} must be an integer >= 0, not {v!r}")
+    total, free = load.get("total_blocks"), load.get("free_blocks")
+    if isinstance(total, int) and isinstance(free, int) and total and free > total:
+        raise ValueError(f"load.free_blocks {free} is over load.total_blocks {total}")
+    step = load.get("recent_step_s")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or
+                             not math.isfinite(step) or step < 0):
+        raise ValueError(f"load.recent_step_s must be a number of seconds >= 0, not {step!r}")
 
 
 def poll(url: str, timeout: float = 2.0) -> dict[str, Any]:

@@ -3,22 +3,30 @@
 `parse_completion` and `parse_chat` turn a request body into a `Completion` or raise `HTTPError`
 400 with an OpenAI-style error (`param` names the offending field). The answer builders produce
 the `text_completion` / `chat.completion` objects and their streaming chunks.
+
+Output length: a completion without `max_tokens` gets OpenAI's default of 16 tokens; a chat
+completion without `max_completion_tokens` / `max_tokens` may run to the end of the context,
+`max_context - prompt tokens`, capped at `CHAT_MAX_TOKENS` (see `fit_output`). Parameters this
+server cannot honour (logprobs, echo, suffix, best_of > 1, tools, a non-text response_format,
+n > 1) are refused with 400 naming them, never silently ignored.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mooncake_cli.jsonhttp import HTTPError
 
 MAX_STOP = 4
+CHAT_MAX_TOKENS = 4096  # a chat answer's length when the request sets none
+SEED_RANGE = (-(1 << 63), 1 << 63)  # a signed 64-bit seed
 
 
 @dataclass(frozen=True)
 class Sampling:
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: as many as the context holds (see `fit_output`)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -47,6 +55,16 @@ class Completion:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+def fit_output(req: Completion, prompt_tokens: int, max_context: float) -> Completion:
+    """`req` with its output length settled: a chat request that set none gets what is left
+    of the context (the model's, or the largest decode cache's when smaller), at most
+    CHAT_MAX_TOKENS (at least 1, so that a full context is reported as such)."""
+    if req.sampling.max_tokens is not None:
+        return req
+    n = int(max(1, min(max_context - prompt_tokens, CHAT_MAX_TOKENS)))
+    return replace(req, sampling=replace(req.sampling, max_tokens=n))
+
+
 def _bad(message: str, param: str) -> HTTPError:
     return HTTPError(400, message, param=param)
 
@@ -73,7 +91,23 @@ def _integer(body: dict[str, Any], name: str, default: int | None, lo: int) -> i
     return value
 
 
-def _sampling(body: dict[str, Any], max_name: str) -> Sampling:
+def _unsupported(body: dict[str, Any]) -> None:
+    """400 for an OpenAI parameter this server would otherwise silently ignore."""
+    for name in ("logprobs", "top_logprobs", "suffix", "tools", "functions", "tool_choice",
+                 "function_call"):
+        if body.get(name) not in (None, False, [], "none"):
+            raise _bad(f"'{name}' is not supported by this server", name)
+    if body.get("echo") not in (None, False):
+        raise _bad("'echo' is not supported by this server", "echo")
+    if _integer(body, "best_of", 1, 1) != 1:
+        raise _bad("only best_of=1 is supported", "best_of")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise _bad("only response_format {'type': 'text'} is supported", "response_format")
+
+
+def _sampling(body: dict[str, Any], max_name: str, default_max: int | None) -> Sampling:
+    _unsupported(body)
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -90,13 +124,20 @@ def _sampling(body: dict[str, Any], max_name: str) -> Sampling:
     max_tokens = _integer(body, max_name, None, 0)
     if max_tokens is None and max_name == "max_completion_tokens":
         max_tokens = _integer(body, "max_tokens", None, 0)
-    seed = _integer(body, "seed", None, -(1 << 63))
+    seed = _integer(body, "seed", None, SEED_RANGE[0])
+    if seed is not None and seed >= SEED_RANGE[1]:
+        raise _bad(f"'seed' must be below 2**63, got {seed}", "seed")
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise _bad("'top_p' must be > 0 (use temperature 0 for greedy decoding)", "top_p")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("'ignore_eos' must be a boolean", "ignore_eos")
     return Sampling(
-        max_tokens=16 if max_tokens is None else max_tokens,
+        max_tokens=default_max if max_tokens is None else max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
-        top_k=_integer(body, "top_k", 0, 0) or 0,
-        seed=seed, stop=stops, ignore_eos=bool(body.get("ignore_eos", False)))
+        top_p=top_p, top_k=_integer(body, "top_k", 0, 0) or 0,
+        seed=seed, stop=stops, ignore_eos=ignore_eos)
 
 
 def _common(body: dict[str, Any]) -> tuple[str, bool, bool]:
@@ -127,7 +168,7 @@ def parse_completion(body: dict[str, Any]) -> Completion:
         raise _bad("'prompt' must be a string or a non-empty list of token ids "
                    "(one prompt per request)", "prompt")
     return Completion(model=model, chat=False, stream=stream, include_usage=usage,
-                      sampling=_sampling(body, "max_tokens"), prompt=text, token_ids=ids)
+                      sampling=_sampling(body, "max_tokens", 16), prompt=text, token_ids=ids)
 
 
 def parse_chat(body: dict[str, Any]) -> Completion:
@@ -141,13 +182,17 @@ def parse_chat(body: dict[str, Any]) -> Completion:
             raise _bad(f"messages[{i}] needs a 'role'", f"messages[{i}]")
         content = m.get("content")
         if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content
-                              if isinstance(p, dict) and p.get("type") == "text")
+            texts = [p.get("text") for p in content
+                     if isinstance(p, dict) and p.get("type") == "text"]
+            if not all(isinstance(t, str) for t in texts):
+                raise _bad(f"messages[{i}].content: a text part needs a string 'text'",
+                           f"messages[{i}].content")
+            content = "".join(t for t in texts if isinstance(t, str))
         if not isinstance(content, str):
             raise _bad(f"messages[{i}].content must be a string", f"messages[{i}].content")
         parsed.append({"role": m["role"], "content": content})
     return Completion(model=model, chat=True, stream=stream, include_usage=usage,
-                      sampling=_sampling(body, "max_completion_tokens"),
+                      sampling=_sampling(body, "max_completion_tokens", None),
                       messages=tuple(parsed))
 
 

@@ -51,7 +51,8 @@ class Slo:
 
 @dataclass(frozen=True)
 class Decision:
-    """Where a request goes (or why not: 429 with a retry-after estimate), and why."""
+    """Where a request goes (or why not: 429 with a retry-after estimate, or `too_large` when
+    no live decode instance could ever hold its KV), and why."""
 
     request: str
     time: float
@@ -61,6 +62,7 @@ class Decision:
     admitted: bool
     retry_after_s: float | None = None
     reason: str = ""
+    too_large: bool = False
 
     @property
     def prefill(self) -> str:
@@ -104,6 +106,20 @@ class Scheduler:
                 best, best_t = inst, t
         return best, (best_t if best is not None else math.inf)
 
+    def decode_capacity(self) -> int | None:
+        """The largest KV capacity (tokens) of a live decode instance; None if unknown."""
+        caps = [i.kv_capacity_tokens for i in self.cluster.live_decode()]
+        known = [c for c in caps if c is not None]
+        return max(known) if known and len(known) == len(caps) else None
+
+    def decode_capacity_short(self, req: Request) -> int | None:
+        """The largest KV capacity (tokens) of the live decode instances when `req` needs more
+        than every one of them holds even empty; None when some instance could take it (or its
+        capacity is unknown)."""
+        largest = self.decode_capacity()
+        return largest if largest is not None and \
+            req.input_tokens + req.output_tokens > largest else None
+
     def schedule(self, req: Request, now: float, explain: bool = False) -> Decision:
         """Decide, without booking anything (see `commit`)."""
         placement = self.policy.place(req, self.cluster, now, explain)
@@ -114,6 +130,12 @@ class Scheduler:
                                         (self.slo.tbt_s is not None and tbt > self.slo.tbt_s))
         if not (over_ttft or over_tbt):
             return Decision(req.id, now, placement, dec.name if dec else None, tbt, True)
+        largest = self.decode_capacity_short(req) if dec is None else None
+        if largest is not None:
+            return Decision(req.id, now, placement, None, tbt, False, None,
+                            f"the request needs KV room for {req.input_tokens} + "
+                            f"{req.output_tokens} tokens; the largest decode instance holds "
+                            f"{largest}", too_large=True)
         retry, why = 0.0, []
         if over_ttft:
             assert self.slo.ttft_s is not None

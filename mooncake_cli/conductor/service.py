@@ -53,7 +53,8 @@ def served_model(cfg: ConductorConfig) -> ServedModel:
                          mc.head_dim)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return ServedModel(cfg.served_model_name or mid, tok, ns, mc.max_position, chat)
+    return ServedModel(cfg.served_model_name or mid, tok, ns, mc.max_position, chat,
+                       mc.vocab_size)
 
 
 def cost_model(cfg: ConductorConfig, ns: KVNamespace) -> CostModel:
