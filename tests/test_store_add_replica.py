@@ -145,6 +145,26 @@ def test_no_room_evicts_by_the_usual_rules_never_a_leased_object(clock: FakeCloc
     assert not m.exists("filler"), "an unleased object is evicted by LRU"
 
 
+def test_room_for_a_replica_is_made_on_its_segment_only(clock: FakeClock) -> None:
+    """Eviction for an add frees blocks of the target segment: an older object elsewhere (the
+    least recently used) is not dropped for room it cannot give."""
+    m = StoreMaster(now=clock, lease_ttl=5.0, high_watermark=1.0, eviction_ratio=0.01)
+    m.mount_segment(Segment("a", "ca", "A", 0, 8192))
+    m.mount_segment(Segment("b", "cb", "B", 0, 4096))
+    m.put_start("elsewhere", 4096, ReplicateConfig(preferred_segment="a"))  # oldest
+    m.put_end("elsewhere", "e")
+    clock.t += 1
+    m.put_start("filler", 4096, ReplicateConfig(preferred_segment="b"))
+    m.put_end("filler", "f")
+    clock.t += 1
+    m.put_start("hot", 4096, ReplicateConfig(preferred_segment="a"))
+    m.put_end("hot", "h")
+    clock.t += 6  # no lease left
+    assert m.add_replica_start("hot", "b", 4096).segment == "b"
+    assert not m.exists("filler")
+    assert m.exists("elsewhere"), "not on b: evicting it frees nothing there"
+
+
 def test_batches_answer_per_key(m: StoreMaster) -> None:
     got = m.batch_add_replica_start(["k", "missing", "k"], "b", [1000, 1000, 1000])
     assert not isinstance(got[0], StoreError)

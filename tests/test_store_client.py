@@ -20,7 +20,7 @@ from helpers.store_procs import Proc, start_master, start_node
 from mooncake_cli.store import ErrorCode, Replica, ReplicateConfig, StoreError
 from mooncake_cli.store import protocol as p
 from mooncake_cli.store.client import StoreClient
-from mooncake_cli.store.errors import ChecksumMismatch, ObjectNotFound
+from mooncake_cli.store.errors import ChecksumMismatch, ObjectNotFound, TransferFailed
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20
@@ -213,3 +213,15 @@ def test_malformed_master_address_fails_at_once(address: str, make_engine) -> No
         StoreClient(address, make_engine(), 0, timeout=1.0)
     assert info.value.code == ErrorCode.RPC_FAIL
     assert time.monotonic() - t0 < 2, "a malformed address must not wait for a timeout"
+
+
+def test_a_put_the_engine_cannot_send_is_revoked(client: Callable[..., StoreClient]) -> None:
+    holder = client()
+    writer = client(0)  # contributes nothing: its puts go to holder's segment
+    writer.engine.close()  # submit now raises the engine's own TransferError
+    with pytest.raises(TransferFailed):
+        writer.put("k", b"x" * 5000)
+    assert writer.batch_put(["k2"], [b"y" * 10])[0] is not None
+    assert not holder.exists("k") and not holder.exists("k2")  # revoked, not left half-put
+    holder.put("k", b"z" * 10)
+    assert holder.get("k") == b"z" * 10

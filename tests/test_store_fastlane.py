@@ -5,14 +5,16 @@ the secret, and the master survives garbage sent to it."""
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from mooncake_cli.store.client import StoreClient
-from mooncake_cli.store.errors import ObjectNotFound, StoreError
-from mooncake_cli.store.fastlane import HEADER, Lane, lane_name
+from mooncake_cli.store.errors import ObjectNotFound, RpcFailed, StoreError
+from mooncake_cli.store.fastlane import HEADER, AnswerLost, Lane, LaneServer, lane_name
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.protocol import Exists
 from mooncake_cli.store.service import MasterService
@@ -98,3 +100,30 @@ def test_garbage_on_the_lane_is_dropped_and_the_master_keeps_serving(service, cl
         s.close()
     assert c.get("k") == b"1234"
     assert Lane(svc.address, None, 3).call(Exists("k"), bool) is True
+
+
+def test_a_lost_lane_answer_is_not_sent_again_by_zmq(service, client) -> None:  # type: ignore[no-untyped-def]
+    """The master applied a PutStart but its answer came too late: sending it again by zmq
+    would meet the object it just created, so the client gets RpcFailed instead."""
+    svc = service()
+    c = client(svc.address)
+    c.put("warm", b"w")  # the lane is up
+    assert svc.lane is not None
+    svc.lane.close()
+    slow = threading.Event()
+
+    def handle(frames: list[bytes]) -> bytes:
+        out = svc.handle(frames)
+        if slow.is_set():
+            slow.clear()
+            time.sleep(c.timeout + 0.5)  # applied, answered after the client gave up
+        return out
+
+    svc.lane = LaneServer(svc.address, handle, None)
+    c._lanes.close()  # the next call opens a lane to the slow server
+    slow.set()
+    with pytest.raises(RpcFailed) as err:
+        c.put("k", b"x" * 100)
+    assert type(err.value) is AnswerLost, err.value  # not a resent PutStart's refusal
+    assert c._lanes._lane is None
+    assert c.describe("k").key == "k"  # the master did start that put: it was sent once

@@ -4,7 +4,7 @@ write it, failed moves free their block, and a get of an SSD-only object starts 
 
 from __future__ import annotations
 
-from mooncake_cli.store import Replica, Segment, StoreMaster
+from mooncake_cli.store import Replica, ReplicateConfig, Segment, StoreMaster
 from mooncake_cli.store.moves import MoveOrders, MoveResult
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -78,3 +78,53 @@ def test_a_client_gone_takes_its_moves_with_it() -> None:
     assert m.moves_done("c0", [MoveResult(mv.id, True)]) == 0
     m.mount_segment(Segment("n0", "c0", "h", 0, 100 * KiB))  # back, with a fresh segment
     assert m.poll_moves("c0") == MoveOrders(True, (), ())
+
+
+def test_an_unanswered_move_is_handed_out_again_and_forgets_wait_for_their_ack() -> None:
+    m = small_master()
+    clock = m.now
+    assert isinstance(clock, Clock)
+    for k in ("a", "b", "c"):
+        m.put_start(k, 20 * KiB)
+        m.put_end(k, "sum-" + k)
+    mv = m.poll_moves("c0").moves[0]
+    assert m.poll_moves("c0").moves == ()
+    clock.t += m.put_timeout  # the answer (or the orders) got lost: hand it out again
+    assert m.poll_moves("c0").moves == (mv,)
+    assert m.moves_done("c0", [MoveResult(mv.id, True)]) == 1
+    m.remove("a")  # on SSD now: the client must drop the block from its manifest
+    first = m.poll_moves("c0")
+    assert first.forget == (mv.dst.offset,) and first.ack > 0
+    again = m.poll_moves("c0")  # not acknowledged (the answer may have been lost)
+    assert again.forget == first.forget and again.ack == first.ack
+    assert m.poll_moves("c0", first.ack) == MoveOrders(True, (), ())
+    assert m.poll_moves("c0", first.ack) == MoveOrders(True, (), ())  # a repeat is harmless
+
+
+def test_move_ids_differ_between_master_terms() -> None:
+    ids = []
+    for _ in range(2):
+        m = small_master()
+        for k in ("a", "b", "c"):
+            m.put_start(k, 20 * KiB)
+            m.put_end(k, "sum-" + k)
+        ids.append(m.poll_moves("c0").moves[0].id)
+    assert ids[0] != ids[1] and min(ids) > 1  # a late answer to the old term matches nothing
+
+
+def test_a_promotion_makes_room_on_its_own_client_only() -> None:
+    m = StoreMaster(now=Clock(), high_watermark=1.0, eviction_ratio=0.01)
+    m.mount_segment(Segment("n0", "c0", "h", 0, 40 * KiB))
+    m.mount_segment(Segment("n0", "c0", "h", 1 * MiB, 100 * KiB, tier="ssd"))
+    m.mount_segment(Segment("n1", "c1", "h", 0, 40 * KiB))
+    m.put_start("other", 20 * KiB, ReplicateConfig(preferred_segment="n1"))  # oldest
+    m.put_end("other", "sum-o")
+    m.register_existing("cold", [Replica("n0", 1 * MiB, 20 * KiB, "ssd", "h", "sum")])
+    for k in ("x", "y"):  # n0's DRAM full
+        m.put_start(k, 20 * KiB, ReplicateConfig(preferred_segment="n0"))
+        m.put_end(k, "sum-" + k)
+    assert {r.segment for k in ("x", "y") for r in m.describe(k).replicas} == {"n0"}
+    m.now.t += 10  # type: ignore[attr-defined]
+    m.get_replica_list("cold")  # promotes: n0's DRAM is to make room, not n1's
+    assert m.exists("other") and m.describe("other").replicas[0].tier == "dram"
+    assert [mv.key for mv in m.poll_moves("c0").moves] == ["x"]  # offloaded to make room

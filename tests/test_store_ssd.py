@@ -24,6 +24,8 @@ from test_tier_ssd import free_hugepages
 from mooncake_cli.store import StoreError
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ChecksumMismatch, NoAvailableHandle, ObjectNotFound
+from mooncake_cli.store.moves import Move, MoveOrders
+from mooncake_cli.store.records import Replica
 
 pytestmark = pytest.mark.timeout(60)
 KiB, MiB = 1 << 10, 1 << 20
@@ -232,3 +234,51 @@ def test_a_client_on_hugepages_stores_and_reads(client: Callable[..., StoreClien
     assert c.hugepages == (free_hugepages() >= 2)  # else: the warning, normal pages
     c.put("k", b"v" * 5000)
     assert c.get("k") == b"v" * 5000
+
+
+def test_an_ssd_only_client_mounts_again_after_a_master_restart(
+        make_engine: Callable[..., Any], tmp_path: Path) -> None:
+    port = free_port()
+    m = start_master(port)
+    ssd = str(tmp_path / "ssd")
+    try:
+        with StoreClient(m.ready["address"], make_engine(timeout=3), MiB, timeout=3,
+                         ssd_dir=ssd, ssd_size=4 * MiB) as first:
+            vals = values(14)
+            on_ssd = offloaded(first, vals)
+        assert on_ssd
+        c = StoreClient(m.ready["address"], make_engine(timeout=3), 0, heartbeat=0.2,
+                        timeout=1, ssd_dir=ssd)  # no DRAM segment: the SSD one alone
+        try:
+            assert sorted(c.list()) == sorted(on_ssd)
+            assert m.stop() == 0
+            m = start_master(port)
+
+            def relearnt() -> bool:
+                try:
+                    return sorted(c.list()) == sorted(on_ssd)
+                except StoreError:
+                    return False
+
+            wait_for(relearnt, 10, 0.1, "the SSD-only client to mount again")
+            assert c.get(on_ssd[0]) == vals[on_ssd[0]]
+        finally:
+            c.close()
+    finally:
+        m.stop()
+
+
+def test_a_move_that_raises_is_answered_as_failed(client: Callable[..., StoreClient],
+                                                  tmp_path: Path) -> None:
+    node = client(ssd_dir=str(tmp_path / "ssd"), ssd_size=MiB)
+    assert node.ssd is not None and node.region is not None
+    name, host = node.engine.name, node.host
+    bad = Move(2**40, "offload", "odd", Replica(name, node.region.base, 10, "dram", host),
+               Replica(name, node.ssd.segment.base, 20, "ssd", host))  # sizes disagree
+    with node.ssd._lock:
+        node.ssd._apply(MoveOrders(True, (bad,)))
+        unsent = list(node.ssd._unsent)
+    assert [(r.id, r.ok) for r in unsent] == [(bad.id, False)]
+    assert "ValueError" in unsent[0].message
+    node.put("after", b"still serving")
+    assert node.get("after") == b"still serving"

@@ -68,7 +68,7 @@ def test_admission_refuses_what_would_overflow(tmp_path: Any) -> None:
     with DecodeWorker(WorkerConfig(role="decode", block_size=16, kv_blocks=8)) as decode:
         url = decode.url + "/v1/kv/reserve"
         big = call(url, {"request_id": "too-big", "num_tokens": 100, "max_tokens": 100})
-        assert big.status == 503 and "needs 13 KV blocks" in big.body["error"]["message"]
+        assert big.status == 413 and "needs 13 KV blocks" in big.body["error"]["message"]
         # one block now, room kept for growing to 5 blocks
         first = call(url, {"request_id": "a", "num_tokens": 16, "max_tokens": 64})
         assert first.status == 200 and len(first.body["block_ids"]) == 1

@@ -89,7 +89,8 @@ class _VanishedDecode(JSONHandler):
 
     def reserve(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
         dead = f"127.0.0.1:{self.app['port']}"
-        return 200, {"segment": dead, "engine": dead, "block_ids": list(range(64)),
+        blocks = -(-body["num_tokens"] // BS)  # what a real one reserves
+        return 200, {"segment": dead, "engine": dead, "block_ids": list(range(blocks)),
                      "block_bytes": self.app["block_bytes"], "base": 0}
 
     def release(self, body: dict[str, Any], path: str) -> tuple[int, Any]:

@@ -21,8 +21,9 @@ from typing import Any
 
 import zmq
 
+from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import protocol as p
-from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError
+from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError, TransferFailed
 from mooncake_cli.store.fastlane import LaneSlot
 from mooncake_cli.store.holdings import Holdings
 from mooncake_cli.store.keeper import HoldingsKeeper
@@ -104,6 +105,8 @@ class StoreClient:
                 self.keeper.beat()
             except StoreError as e:
                 log.warning("store heartbeat: %s", e)
+            except Exception:  # the heartbeat must outlive any one bad round
+                log.exception("store heartbeat")
 
     def _new_leader(self, address: str) -> None:
         """An HA failover: make the new leader know us before our request is sent again."""
@@ -129,9 +132,11 @@ class StoreClient:
                               lambda: sums.append(checksum(view)))
         try:
             self.io.write(view, replicas)
-        except StoreError:
+        except MooncakeError as e:  # a StoreError, or the transfer engine's own
             self._try(p.PutRevoke(key))
-            raise
+            if isinstance(e, StoreError):
+                raise
+            raise TransferFailed(f"writing {key!r}: {e}") from e
         csum = sums[0]
         self._call(p.PutEnd(key, csum))
         own = [r for r in replicas if r.segment == self.engine.name]
@@ -156,7 +161,11 @@ class StoreClient:
             except StoreError as e:
                 placed.append([])
                 out.append(e)
-        written = self.io.write_batch(views, placed)  # every remote write in one batch
+        written: list[StoreError | None]
+        try:
+            written = self.io.write_batch(views, placed)  # every remote write in one batch
+        except MooncakeError as e:  # the engine failed before any answer: none was written
+            written = [TransferFailed(f"writing the batch: {e}")] * len(views)
         done: list[tuple[int, str, str, Replica | None]] = []
         revoke: list[str] = []
         for i, (key, replicas) in enumerate(zip(keys, placed, strict=True)):

@@ -123,9 +123,14 @@ def serve_lane(address: str, handle: Callable[[list[bytes]], bytes],
         return None
 
 
+class AnswerLost(RpcFailed):
+    """The request went out but no answer came: it may have been applied, so never resend it."""
+
+
 class Lane:
     """A client's lane to the master at `address`; `call` raises RpcFailed when the lane is
-    down (then use zmq), or the StoreError the master answered."""
+    down before the request left (then use zmq), AnswerLost when it went down after, or the
+    StoreError the master answered."""
 
     def __init__(self, address: str, secret: bytes | None, timeout: float) -> None:
         self.address, self._secret = address, secret
@@ -149,13 +154,18 @@ class Lane:
                 raise RpcFailed("the store lane is closed")
             try:
                 _send(sock, body, protocol.mac(self._secret, body) if self._secret else b"")
-                if meanwhile is not None:
-                    meanwhile()
-                reply = _read(sock)
             except (OSError, ConnectionError) as e:
                 self._sock = None
                 sock.close()
                 raise RpcFailed(f"store lane to {self.address}: {e}") from None
+            if meanwhile is not None:
+                meanwhile()
+            try:
+                reply = _read(sock)
+            except (OSError, ConnectionError) as e:
+                self._sock = None
+                sock.close()
+                raise AnswerLost(f"store lane to {self.address}: no answer: {e}") from None
         return decode_signed(reply, self._secret, kind, self.address)
 
     def close(self) -> None:
@@ -178,29 +188,41 @@ def _once(fn: Callable[[], None]) -> Callable[[], None]:
 class LaneSlot:
     """Requests of one client: by the lane of the master `rpc` talks to when there is one,
     else (or when the lane fails, or answers NotLeader) by `rpc` itself. A missing lane is
-    looked for again after RETRY seconds; a leader change (rpc.address) switches lanes."""
+    looked for again after RETRY seconds; a leader change (rpc.address) switches lanes. A
+    request whose answer was lost on the lane (AnswerLost) is not resent by zmq. Thread-safe."""
 
     RETRY = 5.0
 
     def __init__(self, rpc: Any, timeout: float) -> None:
         self._rpc, self._timeout = rpc, timeout
+        self._lock = threading.Lock()
         self._lane: Lane | None = None
         self._next_try = 0.0
 
     def _current(self) -> Lane | None:
-        address, lane = self._rpc.address, self._lane
-        if lane is not None and lane.address == address:
-            return lane
-        if lane is not None:
-            lane.close()
-        self._lane = None
-        now = time.monotonic()
-        if address and now >= self._next_try:
-            try:
-                self._lane = Lane(address, getattr(self._rpc, "_secret", None), self._timeout)
-            except RpcFailed:
-                self._next_try = now + self.RETRY
-        return self._lane
+        with self._lock:
+            address, lane = self._rpc.address, self._lane
+            if lane is not None and lane.address == address:
+                return lane
+            if lane is not None:
+                lane.close()
+            self._lane = None
+            now = time.monotonic()
+            if address and now >= self._next_try:
+                try:
+                    self._lane = Lane(address, getattr(self._rpc, "_secret", None),
+                                      self._timeout)
+                except RpcFailed:
+                    self._next_try = now + self.RETRY
+            return self._lane
+
+    def _drop(self, lane: Lane) -> None:
+        """Close `lane` and look for one again after RETRY seconds (if still the current)."""
+        lane.close()
+        with self._lock:
+            if self._lane is lane:
+                self._lane = None
+                self._next_try = time.monotonic() + self.RETRY
 
     def call(self, request: Any, kind: Any = None,
              meanwhile: Callable[[], None] | None = None) -> Any:
@@ -215,13 +237,15 @@ class LaneSlot:
             except StoreError as e:
                 if not isinstance(e, RpcFailed) and e.code != NOT_LEADER:
                     raise
-                self._lane = None
-                self._next_try = time.monotonic() + self.RETRY
+                self._drop(lane)
+                if isinstance(e, AnswerLost):
+                    raise
         if meanwhile is not None:
             meanwhile()
         return self._rpc.call(request, kind)
 
     def close(self) -> None:
-        if self._lane is not None:
-            self._lane.close()
-            self._lane = None
+        with self._lock:
+            lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.close()

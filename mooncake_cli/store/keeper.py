@@ -44,8 +44,9 @@ class HoldingsKeeper:
     def beat(self) -> None:
         """One heartbeat; a re-mount when the master does not know the client."""
         with self._lock:
-            if self.segment is None:  # nothing of ours to tell about
-                self.conn.call(p.Heartbeat(self.client_id), bool)
+            if self.segment is None:  # no DRAM segment; an SSD one mounts again if forgotten
+                if not self.conn.call(p.Heartbeat(self.client_id), bool):
+                    self._after_mount()
                 return
             h = self.holdings
             report: HoldingsReport = self.conn.call(

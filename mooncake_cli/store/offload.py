@@ -12,6 +12,7 @@ first), so readers of the SSD replica are never cut off and evicting it again co
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -46,15 +47,19 @@ class Offloading(Membership):
             return replace(super().stats(), moves=len(self._moves))
 
     # -- the client's side of a move --------------------------------------------------------------
-    def poll_moves(self, client_id: str) -> MoveOrders:
-        """The moves `client_id` should make now and the SSD blocks it should forget."""
+    def poll_moves(self, client_id: str, ack: int = 0) -> MoveOrders:
+        """The moves `client_id` should make now and the SSD blocks it should forget (until it
+        acknowledges them: `ack` is the `MoveOrders.ack` of the forgets it has dropped)."""
         if not isinstance(client_id, str) or not client_id:
             raise InvalidParams("poll_moves takes a client id")
+        if isinstance(ack, bool) or not isinstance(ack, int) or ack < 0:
+            raise InvalidParams("poll_moves takes a non-negative ack")
         with self._lock:
             if client_id not in self._clients:
                 return MoveOrders(known=False)
-            return MoveOrders(True, self._moves.hand_out(client_id),
-                              self._moves.forgets(client_id))
+            moves = self._moves.hand_out(client_id, self.now(), self.put_timeout)
+            forget, last = self._moves.forgets(client_id, ack)
+            return MoveOrders(True, moves, forget, last)
 
     def moves_done(self, client_id: str, results: Sequence[MoveResult]) -> int:
         """Apply the answers of `client_id` to its moves; how many changed an object."""
@@ -181,7 +186,35 @@ class Offloading(Membership):
                                     now)
                     return
             if attempt == 0:
-                self._make_room(now, self._segments.aligned(meta.size))
+                for seg_name in {r.segment for r in meta.replicas}:
+                    self._evict_on(seg_name, self._segments.aligned(meta.size), now)
+
+    def _evict_on(self, segment: str, need: int, now: float) -> list[str]:
+        """Free >= `need` bytes of DRAM on transfer segment `segment` alone (room wanted there,
+        not anywhere), least recently used objects first (none with a move under way): a
+        replica there goes at once when its object keeps another in DRAM; else as `_make_room`
+        does (DRAM dropped when on SSD too, offloaded when there is SSD room: freed once copied,
+        evicted otherwise). The keys evicted (DRAM replicas dropped)."""
+        def here(r: Replica) -> bool:
+            return r.tier == "dram" and r.segment == segment
+
+        candidates = [m for m in self._objects.values()
+                      if m.key not in self._moves and any(here(r) for r in m.replicas)]
+        freed, lost = 0, []
+        for meta in choose_victims(candidates, sys.maxsize, now, "dram", self._segments.aligned):
+            if freed >= need:
+                break
+            gone = [r for r in meta.replicas if here(r)]
+            freed += len(gone) * self._segments.aligned(meta.size)
+            keep = tuple(r for r in meta.replicas if not here(r))
+            if any(r.tier == "dram" for r in keep):
+                self._segments.release_all(gone)
+                self._objects[meta.key] = replace(meta, replicas=keep)
+                self._counts["evictions"] += 1
+            elif not self._offload(meta, now):
+                self._shed(meta)
+                lost.append(meta.key)
+        return lost
 
     # -- keeping the book right when objects and segments go --------------------------------------
     def _cancel(self, key: str) -> None:

@@ -207,9 +207,10 @@ class PollMoves(_Req, tag="poll_moves"):
     """A client with an SSD segment asks which tier moves to make (see store/offload.py)."""
 
     client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    ack: Annotated[int, msgspec.Meta(ge=0)] = 0  # MoveOrders.ack of the forgets dropped
 
     def call(self, m: StoreMaster) -> MoveOrders:
-        return m.poll_moves(self.client_id)
+        return m.poll_moves(self.client_id, self.ack)
 
 
 class MovesDone(_Req, tag="moves_done"):

@@ -15,8 +15,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import protocol as p
-from mooncake_cli.store.errors import InvalidParams, StoreError
+from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
 from mooncake_cli.store.holdings import Holdings
 from mooncake_cli.store.records import Replica
 from mooncake_cli.store.replica_io import ReplicaIO, checksum, readable
@@ -53,7 +54,11 @@ def add_replicas(call: Call, io: ReplicaIO, holdings: Holdings, own: str | None,
         except StoreError as e:
             placed.append([])
             out.append(e)
-    written = io.write_batch(views, placed)
+    written: list[StoreError | None]
+    try:
+        written = io.write_batch(views, placed)
+    except MooncakeError as e:  # the engine failed before any answer: none was written
+        written = [TransferFailed(f"writing the batch: {e}")] * len(views)
     revoke = [k for k, e, w in zip(keys, out, written, strict=True) if e is None and w is not None]
     done = [i for i, (e, w) in enumerate(zip(out, written, strict=True))
             if e is None and w is None]

@@ -124,7 +124,7 @@ class ReplicaAdding(Offloading):
             self._lease(meta, now)  # in use: not evicted to make room for its own copy
             r = self._segments.allocate_on(segment, size, "dram")
             if r is None:
-                self._evict(now, need)
+                self._evict_on(segment, need, now)
                 r = self._segments.allocate_on(segment, size, "dram")
             if r is None:
                 raise NoAvailableHandle(f"no room for a replica of {size} bytes on {segment}")

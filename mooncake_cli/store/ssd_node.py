@@ -63,6 +63,7 @@ class SsdNode:
         self._conn = MasterConnection(self._ctx, master, secret, timeout)
         self.region: Region | None = None
         self._unsent: list[MoveResult] = []
+        self._ack = 0  # MoveOrders.ack of the forgets dropped from the manifest
         try:
             self.region = engine.register(self.buf.view)
             self.segment = Segment(engine.name, client_id, host, self.region.base, self.buf.size,
@@ -82,6 +83,7 @@ class SsdNode:
         their checksum; the rest are dropped from the manifest and reported."""
         with self._lock:
             self._conn.call(p.MountSegment(self.segment), bool)
+            self._unsent, self._ack = [], 0  # answers and acks for an earlier master: void
             man = self.buf.manifest
             skipped, man.problems = list(man.problems), []
             registered = []
@@ -120,19 +122,41 @@ class SsdNode:
             except StoreError as e:
                 log.warning("ssd moves: %s", e)
                 busy = False
+            except Exception:  # the thread must outlive any one bad round
+                log.exception("ssd moves")
+                busy = False
 
     def step(self) -> bool:
-        """One poll: forget what the master freed, make the moves it orders; whether any."""
+        """One poll: forget what the master freed, make the moves it orders; whether any. A
+        master that does not know the client (restarted) gets the SSD segment mounted again
+        here when the client has no DRAM segment (else its heartbeat re-mounts both)."""
         with self._lock:
-            orders: MoveOrders = self._conn.call(p.PollMoves(self.segment.client_id), MoveOrders)
-            for offset in orders.forget:
-                self.buf.manifest.remove(offset - self.segment.base)
-            self._unsent += [self._move(m) for m in orders.moves]
-            if not self._unsent:
-                return False
-            self._conn.call(p.MovesDone(self.segment.client_id, self._unsent), int)
-            self._unsent = []  # kept until the master has them: it holds blocks until then
-            return bool(orders.moves)
+            orders: MoveOrders = self._conn.call(
+                p.PollMoves(self.segment.client_id, self._ack), MoveOrders)
+            if orders.known:
+                self._apply(orders)
+                if not self._unsent:
+                    return False
+                self._conn.call(p.MovesDone(self.segment.client_id, self._unsent), int)
+                self._unsent = []  # kept until the master has them: it holds blocks until then
+                return bool(orders.moves)
+        if self.dram is None:  # mount() takes the lock
+            log.info("master does not know client %s: re-mounting its ssd segment",
+                     self.segment.client_id)
+            self.rescan = self.mount()
+        return False
+
+    def _apply(self, orders: MoveOrders) -> None:
+        for offset in orders.forget:
+            self.buf.manifest.remove(offset - self.segment.base)
+        if orders.ack:
+            self._ack = orders.ack
+        for m in orders.moves:
+            try:
+                self._unsent.append(self._move(m))
+            except Exception as e:  # one move's failure is its answer, not the round's
+                log.exception("ssd move %d of %r", m.id, m.key)
+                self._unsent.append(MoveResult(m.id, False, f"{type(e).__name__}: {e}"))
 
     def _local(self, r: Replica) -> memoryview | None:
         if r.segment != self.engine.name:

@@ -56,11 +56,11 @@ class DecodeWorker(WorkerRuntime):
         max_tokens = protocol.integer(body, "max_tokens", 0, default=0)
         need = self.cache.blocks_for(num_tokens)
         budget = max(need, self._final_blocks(num_tokens, max_tokens))
-        if budget > self.cache.num_blocks:
+        if budget > self.cache.num_blocks:  # never fits: 413, unlike a full cache (503)
             self.metrics.add("requests_failed")
-            raise HTTPError(503, f"a request of {num_tokens} + {max_tokens} tokens needs "
+            raise HTTPError(413, f"a request of {num_tokens} + {max_tokens} tokens needs "
                                  f"{budget} KV blocks; this decode worker has "
-                                 f"{self.cache.num_blocks}", kind="unavailable")
+                                 f"{self.cache.num_blocks}", code="decode_too_large")
         with self._cv:
             if rid in self.admission:
                 raise HTTPError(409, f"request {rid!r} already holds KV blocks here")
@@ -95,19 +95,19 @@ class DecodeWorker(WorkerRuntime):
     # -- generation --------------------------------------------------------------------------
     def generate(self, body: dict[str, Any]) -> Stream:
         rid = protocol.request_id(body)
-        tokens = protocol.token_ids(body.get("token_ids"))
-        first = protocol.integer(body, "first_token", 0)
-        params = protocol.sampling(body)
-        if first >= self.model.config.vocab_size:
-            raise protocol.bad(f"'first_token' must be below the vocabulary size "
-                               f"{self.model.config.vocab_size}", "first_token")
         with self._cv:
             res = self._reserved.pop(rid, None)
         if res is None:
             raise HTTPError(404, f"no KV reservation for request {rid!r}: reserve blocks with "
                                  "/v1/kv/reserve and fill them before /v1/generate",
                             kind="not_found")
-        try:
+        try:  # whatever fails before the request joins the batch gives its blocks back
+            tokens = protocol.token_ids(body.get("token_ids"))
+            first = protocol.integer(body, "first_token", 0)
+            params = protocol.sampling(body)
+            if first >= self.model.config.vocab_size:
+                raise protocol.bad(f"'first_token' must be below the vocabulary size "
+                                   f"{self.model.config.vocab_size}", "first_token")
             if len(tokens) != res.num_tokens:
                 raise protocol.bad(f"{len(tokens)} prompt tokens, but the reservation holds "
                                    f"the KV of {res.num_tokens}", "token_ids")
@@ -117,22 +117,22 @@ class DecodeWorker(WorkerRuntime):
                 raise protocol.bad(str(e), "token_ids") from None
             budget = max(len(res.blocks), self._final_blocks(len(tokens), params.max_tokens))
             if budget > self.cache.num_blocks:
-                raise HTTPError(503, f"{len(tokens)} + {params.max_tokens} tokens need {budget} "
+                raise HTTPError(413, f"{len(tokens)} + {params.max_tokens} tokens need {budget} "
                                      f"KV blocks; this decode worker has "
-                                     f"{self.cache.num_blocks}", kind="unavailable")
-        except HTTPError:
+                                     f"{self.cache.num_blocks}", code="decode_too_large")
+            seq.block_table = res.blocks
+            seq.num_computed = len(tokens)
+            self._append(seq, first)
+            req = DecodeRequest(rid, seq, budget)
+            req.token(first, self.model.tokenizer.decode)
+        except Exception as e:
             with self._cv:
                 self._free(rid, res.blocks)
             self.metrics.add("requests_failed")
-            raise
-        seq.block_table = res.blocks
-        seq.num_computed = len(tokens)
-        self._append(seq, first)
-        req = DecodeRequest(rid, seq, budget)
-        req.token(first, self.model.tokenizer.decode)
-        self.metrics.add("generated_tokens")
-        self.metrics.add("prompt_tokens", len(tokens))
-        self.metrics.add("kv_bytes_loaded", len(res.blocks) * self.ns.block_bytes)
+            if isinstance(e, HTTPError):
+                raise
+            log.exception("generate %s failed", rid)
+            raise HTTPError(500, f"generate {rid} failed: {e}", kind="server_error") from None
         with self._cv:
             if seq.finished:
                 self._end(req)

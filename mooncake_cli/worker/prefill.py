@@ -136,7 +136,8 @@ class PrefillWorker(WorkerRuntime):
                 assert self.engine is not None, "the worker is closed"
                 stream = KVStream(self.engine, self.pool_region, job.decode_url,
                                   job.request_id, len(tokens), self.ns.block_bytes,
-                                  seq.params.max_tokens)
+                                  seq.params.max_tokens,
+                                  num_blocks=self.cache.blocks_for(len(tokens)))
                 timing["transfer"] += time.perf_counter() - t
             keys = block_keys(tokens, self.ns)
             t = time.perf_counter()

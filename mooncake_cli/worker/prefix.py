@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from mooncake_cli.engine import KVCache
+from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.kvkeys import fits, reusable_blocks
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectAlreadyExists, StoreError
@@ -103,7 +104,7 @@ class PrefixStore:
         try:
             errors = self.store.batch_put(list(keys), [self._host(b) for b in blocks],
                                           self.put_config)
-        except StoreError as e:
+        except MooncakeError as e:  # a StoreError, or the transfer engine's own
             log.warning("storing %d KV blocks failed: %s", len(keys), e)
             return []
         stored = []
@@ -122,7 +123,7 @@ class PrefixStore:
             return []
         try:
             errors = self.store.batch_add_replica(list(keys), [self._host(b) for b in blocks])
-        except StoreError as e:
+        except MooncakeError as e:
             log.warning("replicating %d fetched KV blocks failed: %s", len(keys), e)
             return []
         added = []

@@ -64,6 +64,11 @@ def sampling(body: dict[str, Any]) -> SamplingParams:
     seed = raw.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad("'sampling.seed' must be an integer or null", "sampling.seed")
+    ignore_eos = raw.get("ignore_eos", False)
+    if ignore_eos is None:
+        ignore_eos = False
+    if not isinstance(ignore_eos, bool):
+        raise bad("'sampling.ignore_eos' must be true or false", "sampling.ignore_eos")
     ints = {}
     for name, default in (("max_tokens", 16), ("top_k", 0)):
         value = raw.get(name, default)
@@ -77,7 +82,7 @@ def sampling(body: dict[str, Any]) -> SamplingParams:
             max_tokens=ints["max_tokens"], temperature=_number(raw, "temperature", 0.0),
             top_p=_number(raw, "top_p", 1.0), top_k=ints["top_k"], seed=seed,
             stop_token_ids=tuple(stop_ids), stop=tuple(s for s in stop if s),
-            ignore_eos=bool(raw.get("ignore_eos", False)))
+            ignore_eos=ignore_eos)
     except ModelError as e:
         raise bad(f"sampling: {e}", "sampling") from None
 
