@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mooncake_cli.conductor.instances import Instances
-from mooncake_cli.interfaces import ConfigError, MetadataError
+from mooncake_cli.etcd import EtcdClients, EtcdUrl
+from mooncake_cli.interfaces import MetadataError
 
 log = logging.getLogger(__name__)
 PREFIX = "/mooncake/instances/"
@@ -25,40 +26,17 @@ PREFIX = "/mooncake/instances/"
 
 def parse(url: str) -> tuple[list[tuple[str, int]], str]:
     """([(host, port), ...], cluster) of an etcd://H:P[,H:P][/CLUSTER] URL."""
-    if not url.startswith("etcd://"):
-        raise ConfigError(f"{url!r}: an etcd registry is etcd://HOST:PORT[,HOST:PORT][/CLUSTER]")
-    hosts, _, cluster = url[len("etcd://"):].partition("/")
-    out = []
-    for part in hosts.split(","):
-        host, _, port = part.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"{url!r}: endpoint {part!r} is not HOST:PORT")
-        out.append((host, int(port)))
-    cluster = cluster.strip("/") or "default"
-    if "/" in cluster:
-        raise ConfigError(f"{url!r}: the cluster name must not contain '/'")
-    return out, cluster
+    where = EtcdUrl.parse(url, "an etcd registry")
+    return list(where.endpoints), where.cluster
 
 
-class _Etcd:
-    """The first answering endpoint of a list, through etcd3gw."""
+class _Etcd(EtcdClients):
+    """The registry's endpoints and the key prefix of its cluster."""
 
     def __init__(self, url: str, timeout: float) -> None:
-        import etcd3gw
-
-        self.endpoints, cluster = parse(url)
+        endpoints, cluster = parse(url)
+        super().__init__(endpoints, timeout)
         self.prefix = f"{PREFIX}{cluster}/"
-        self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout)
-                         for h, p in self.endpoints]
-
-    def each(self, what: str, fn: Callable[[Any], Any]) -> Any:
-        errors = []
-        for (host, port), client in zip(self.endpoints, self._clients, strict=True):
-            try:
-                return fn(client)
-            except Exception as e:  # etcd3gw raises requests' and its own errors
-                errors.append(f"{host}:{port}: {type(e).__name__}: {e}")
-        raise MetadataError(f"etcd {what} failed on every endpoint: " + "; ".join(errors))
 
 
 class EtcdRegistrar:

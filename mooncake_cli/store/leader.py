@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
-from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.etcd import EtcdClients, EtcdUrl, is_etcd
 from mooncake_cli.store.errors import ErrorCode, RpcFailed, StoreError
 
 KEY_PREFIX = "/mooncake/store/"
@@ -41,59 +40,29 @@ class LeaderInfo(msgspec.Struct, frozen=True):
 
 
 def is_ha(address: str) -> bool:
-    return isinstance(address, str) and address.strip().lower().startswith("etcd://")
+    return is_etcd(address)
 
 
 @dataclass(frozen=True)
-class HaAddress:
+class HaAddress(EtcdUrl):
     """The etcd endpoints and the cluster name of an `etcd://...` address."""
 
-    endpoints: tuple[tuple[str, int], ...]
-    cluster: str = "default"
-
     @classmethod
-    def parse(cls, url: str) -> HaAddress:
-        if not is_ha(url):
-            raise ConfigError(f"an HA address starts with etcd://, not {url!r}")
-        rest = url.strip()[len("etcd://"):]
-        hosts, _, cluster = rest.partition("/")
-        cluster = cluster.strip("/") or "default"
-        if not all(c.isalnum() or c in "-_." for c in cluster):
-            raise ConfigError(f"bad cluster name {cluster!r} in {url!r}: use letters, digits, "
-                              f"'-', '_' and '.'")
-        endpoints = []
-        for item in hosts.split(","):
-            host, sep, port = item.strip().rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError(f"bad etcd endpoint {item!r} in {url!r}: expected HOST:PORT "
-                                  f"(etcd://HOST:PORT[,HOST:PORT...][/CLUSTER])")
-            endpoints.append((host.strip("[]"), int(port)))
-        return cls(tuple(endpoints), cluster)
+    def parse(cls, url: str, what: str = "an HA address") -> HaAddress:
+        parsed = EtcdUrl.parse(url, what)
+        return cls(parsed.endpoints, parsed.cluster)
 
     @property
     def key(self) -> str:
         return f"{KEY_PREFIX}{self.cluster}/leader"
 
 
-class Etcd:
-    """etcd through etcd3gw, trying each endpoint in turn."""
+class Etcd(EtcdClients):
+    """etcd through etcd3gw, trying each endpoint in turn; RpcFailed when none answers."""
 
     def __init__(self, where: HaAddress, timeout: float) -> None:
-        import etcd3gw
-
+        super().__init__(where.endpoints, timeout, RpcFailed)
         self.where = where
-        self.clients = [etcd3gw.client(host=h, port=p, timeout=timeout)
-                        for h, p in where.endpoints]
-
-    def each(self, what: str, fn: Any) -> Any:
-        """`fn(client)` on the first endpoint that answers; RpcFailed when none does."""
-        errors = []
-        for (host, port), client in zip(self.where.endpoints, self.clients, strict=True):
-            try:
-                return fn(client)
-            except Exception as e:  # etcd3gw raises requests' and its own errors
-                errors.append(f"{host}:{port}: {type(e).__name__}: {e}")
-        raise RpcFailed(f"etcd {what} failed on every endpoint: " + "; ".join(errors))
 
     def leader(self) -> LeaderInfo | None:
         """The leader record in etcd now, or None while nobody leads."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mooncake_cli.etcd import EtcdClients
 from mooncake_cli.interfaces import MetadataError, SegmentDescriptor
 from mooncake_cli.transfer.metadata import KEY_PREFIX, Keeper, split_hostport
 
@@ -13,26 +14,14 @@ class EtcdMetadata:
     kind = "etcd"
 
     def __init__(self, url: str, timeout: float, ttl: float) -> None:
-        import etcd3gw
-
-        self._endpoints = [split_hostport(e, "etcd endpoint")
-                           for e in url[len("etcd://"):].split(",") if e.strip()]
-        if not self._endpoints:
+        endpoints = [split_hostport(e, "etcd endpoint")
+                     for e in url[len("etcd://"):].split(",") if e.strip()]
+        if not endpoints:
             raise MetadataError(f"no etcd endpoint in '{url}'")
-        self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout)
-                         for h, p in self._endpoints]
+        self._etcd = EtcdClients(endpoints, timeout)
+        self._each = self._etcd.each
         self._ttl = max(int(ttl), 2)
         self._leases: dict[str, tuple[Any, Keeper]] = {}
-
-    def _each(self, what: str, fn: Any) -> Any:
-        """Run `fn(client)` on the first endpoint that answers."""
-        errors = []
-        for (host, port), client in zip(self._endpoints, self._clients, strict=True):
-            try:
-                return fn(client)
-            except Exception as e:  # etcd3gw raises requests' and its own errors
-                errors.append(f"{host}:{port}: {type(e).__name__}: {e}")
-        raise MetadataError(f"etcd {what} failed on every endpoint: " + "; ".join(errors))
 
     def publish(self, desc: SegmentDescriptor) -> None:
         key, value = KEY_PREFIX + desc.name, desc.to_json().decode()
