@@ -269,6 +269,11 @@ class StoreClient:
         items = self._rpc.call(p.BatchExists(list(keys)), list[p.Reply])
         return [self._value(item, bool) for item in items]
 
+    def batch_describe(self, keys: Sequence[str]) -> list[ObjectMeta | StoreError]:
+        """`describe` of each key in one request: its metadata, or the error it met."""
+        items = self._rpc.call(p.BatchDescribe(list(keys)), list[p.Reply])
+        return [self._value(item, ObjectMeta) for item in items]
+
     def size(self, key: str) -> int:
         return self.describe(key).size
 

@@ -221,6 +221,9 @@ class StoreMaster(ReplicaAdding):
     def batch_exists(self, keys: Sequence[str]) -> Results[bool]:
         return self._each(keys, self.exists)
 
+    def batch_describe(self, keys: Sequence[str]) -> Results[ObjectMeta]:
+        return self._each(keys, self.describe)
+
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> Results[None]:
         return self._each(keys, lambda k: self.remove(k, force))
 

@@ -188,6 +188,11 @@ class BatchExists(_KeysReq, tag="batch_exists"):
         return m.batch_exists(self.keys)
 
 
+class BatchDescribe(_KeysReq, tag="batch_describe"):
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_describe(self.keys)
+
+
 class BatchRemove(_Req, tag="batch_remove"):
     keys: Keys
     force: bool = False
@@ -279,11 +284,11 @@ Request = Union[  # noqa: UP007 - msgspec wants a real Union of the tagged struc
     Exists, Describe, Remove, RemoveAll, List, Stats, RegisterExisting, BatchPutStart,
     BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists, BatchRemove, WhoLeads,
     PollMoves, MovesDone, BatchAddReplicaStart, BatchAddReplicaEnd, BatchAddReplicaRevoke,
-    PollHoldings, RegisterHeld,
+    PollHoldings, RegisterHeld, BatchDescribe,
 ]
 BATCHES = (BatchPutStart, BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists,
-           BatchRemove, BatchAddReplicaStart, BatchAddReplicaEnd, BatchAddReplicaRevoke,
-           RegisterHeld)
+           BatchDescribe, BatchRemove, BatchAddReplicaStart, BatchAddReplicaEnd,
+           BatchAddReplicaRevoke, RegisterHeld)
 
 
 class Reply(msgspec.Struct, frozen=True):

@@ -58,14 +58,16 @@ class PrefixStore:
             if hit is not True:
                 break
             n += 1
-        if local:
+        if local and n:
             own = self.store.engine.name
-            for i in range(n):
-                try:
-                    meta = self.store.describe(keys[i])
-                except StoreError:
-                    return i
-                if not any(r.segment == own for r in meta.replicas):
+            try:
+                metas = self.store.batch_describe(list(keys[:n]))
+            except StoreError as e:
+                log.warning("store lookup failed, computing the whole prompt: %s", e)
+                return 0
+            for i, meta in enumerate(metas):
+                if isinstance(meta, StoreError) or not any(r.segment == own
+                                                          for r in meta.replicas):
                     return i
         return n
 
