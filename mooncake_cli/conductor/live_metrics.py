@@ -13,6 +13,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from mooncake_cli.prometheus import number
+
 PREFIX = "mooncake_conductor_"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2.5)
@@ -72,13 +74,14 @@ class ConductorMetrics:
         with self._lock:
             lines = []
             for name, v in self.counters.items():
-                lines += [f"# TYPE {PREFIX}{name} counter", f"{PREFIX}{name} {v:g}"]
+                lines += [f"# TYPE {PREFIX}{name} counter", f"{PREFIX}{name} {number(v)}"]
             for name, h in (("ttft_seconds", self.ttft), ("tbt_seconds", self.tbt)):
                 lines.append(f"# TYPE {PREFIX}{name} histogram")
                 lines += h.lines(PREFIX + name)
             p = self.counters["prompt_tokens_total"]
             ratio = self.counters["prefix_hit_tokens_total"] / p if p else 0.0
-        lines += [f"# TYPE {PREFIX}prefix_hit_ratio gauge", f"{PREFIX}prefix_hit_ratio {ratio:g}",
+        lines += [f"# TYPE {PREFIX}prefix_hit_ratio gauge",
+                  f"{PREFIX}prefix_hit_ratio {number(ratio)}",
                   f"# TYPE {PREFIX}instance_alive gauge",
                   f"# TYPE {PREFIX}instance_running gauge"]
         for i in instances:

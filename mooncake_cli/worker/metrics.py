@@ -6,6 +6,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from mooncake_cli.prometheus import number
+
 
 class WorkerMetrics:
     """Thread-safe counters; gauges are read from callables when rendered."""
@@ -64,18 +66,12 @@ class WorkerMetrics:
         for name, help_text in self.COUNTERS.items():
             metric = f"mooncake_worker_{name}_total"
             lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} counter",
-                      f"{metric}{label} {_number(counts[name])}"]
+                      f"{metric}{label} {number(counts[name])}"]
         metric = "mooncake_worker_step_seconds"
         lines += [f"# HELP {metric} Time of one forward step.", f"# TYPE {metric} summary",
                   f"{metric}_sum{label} {step_sum:.6f}", f"{metric}_count{label} {step_count}"]
         for name, read in self._gauges.items():
             metric = f"mooncake_worker_{name}"
-            lines += [f"# TYPE {metric} gauge", f"{metric}{label} {_number(read())}"]
+            lines += [f"# TYPE {metric} gauge", f"{metric}{label} {number(read())}"]
         return "\n".join(lines) + "\n"
 
-
-def _number(value: float) -> str:
-    """Exact Prometheus text: an integer as one (`:g` would round 1234567 to 1.23457e+06)."""
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-        return str(int(value))
-    return repr(float(value))
