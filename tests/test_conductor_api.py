@@ -16,6 +16,7 @@ from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.interfaces import ConfigError
 from tests.conftest import free_port
+from tests.helpers.prom import helps, value
 
 
 @pytest.fixture
@@ -83,8 +84,8 @@ def test_registry_and_dead_prefill_is_rerouted(conductor: ConductorService) -> N
     listed = jsonhttp.call(url + "/v1/instances").body["instances"]
     assert {i["name"]: i["alive"] for i in listed} == {"d0": True, "p0": False, "p1": False}
     metrics = jsonhttp.call(url + "/metrics").body["text"]
-    assert "mooncake_conductor_rerouted_total 2" in metrics
-    assert 'mooncake_conductor_instance_alive{name="p0",role="prefill"} 0' in metrics
+    assert value(metrics, "mooncake_conductor_rerouted_total") == 2
+    assert value(metrics, "mooncake_conductor_instance_alive", name="p0", role="prefill") == 0
     assert jsonhttp.call(url + "/health").status == 503
     assert jsonhttp.call(url + "/v1/instances/deregister", {"name": "p0"}).body == \
         {"deregistered": True}
@@ -117,9 +118,9 @@ def test_slo_admission_answers_429_with_retry_after(tmp_path) -> None:
         assert int(e.value.response.headers["Retry-After"]) >= 1
         assert "estimated TTFT" in e.value.message
         metrics = jsonhttp.call(svc.url + "/metrics").body["text"]
-        assert "mooncake_conductor_rejected_total 1" in metrics
+        assert value(metrics, "mooncake_conductor_rejected_total") == 1
         # the rejected request never reached the (unreachable) prefill instance
-        assert "mooncake_conductor_rerouted_total 0" in metrics
+        assert value(metrics, "mooncake_conductor_rerouted_total") == 0
     finally:
         svc.close()
 
@@ -230,3 +231,19 @@ def test_never_fits_is_400_and_full_now_is_429() -> None:
         assert svc.conductor.bookings._queued.get("p0", {}) == {}
     finally:
         svc.close()
+
+
+def test_metrics_parse_with_a_hostile_instance_name(conductor: ConductorService) -> None:
+    hostile = 'p"0\\n} evil{x="1"} 9\n# TYPE'
+    ok = jsonhttp.call(conductor.url + "/v1/instances/register",
+                       {"name": hostile, "role": "prefill",
+                        "url": f"http://127.0.0.1:{free_port()}", "load": {"running": 3}})
+    assert ok.status == 200
+    text = jsonhttp.call(conductor.url + "/metrics").body["text"]
+    assert value(text, "mooncake_conductor_instance_running", name=hostile, role="prefill") == 3
+    assert value(text, "mooncake_conductor_instance_alive", name=hostile, role="prefill") == 1
+    assert value(text, "mooncake_conductor_cached_blocks", name=hostile, role="prefill") == 0
+    for essential in ("prefix_hit_ratio", "cached_blocks", "evicted_blocks",
+                      "kv_bytes_moved"):
+        assert helps(text)[f"mooncake_conductor_{essential}"], essential
+    assert all(helps(text).values()), "every metric has HELP text"

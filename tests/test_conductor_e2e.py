@@ -7,7 +7,6 @@ mid-run must cost no request (rerouted to the other one).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
+from tests.helpers.prom import value
 from tests.helpers.store_procs import start_master
 from tests.helpers.tiny_models import write_model
 from tests.helpers.worker_procs import WorkerProc
@@ -52,9 +52,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def metric(text: str, name: str) -> float:
-    found = re.search(rf"^mooncake_conductor_{name} (\S+)$", text, re.M)
-    assert found, name
-    return float(found.group(1))
+    return value(text, f"mooncake_conductor_{name}")
 
 
 def reference(model: Path, prompt: list[int], n: int) -> str:

@@ -11,6 +11,7 @@ from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.scheduler import Scheduler, make_policy
 from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.kvkeys import KVNamespace
+from tests.helpers.prom import value
 
 BS = 16
 
@@ -36,7 +37,7 @@ def test_replicated_keys_make_the_fetching_instance_a_holder() -> None:
     assert cluster.index.prefix_len("p2", keys) == 3
     assert conductor.metrics.counters["blocks_replicated_total"] == 3
     text = conductor.metrics.render([])
-    assert "mooncake_conductor_blocks_replicated_total 3" in text
+    assert value(text, "mooncake_conductor_blocks_replicated_total") == 3
     conductor.bookings.learn("p2", keys, answer | {"replicated_keys": "k3"}, decision)  # malformed
     assert cluster.index.holders("k3") == {"p1"}
     assert conductor.metrics.counters["blocks_replicated_total"] == 3

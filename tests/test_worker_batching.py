@@ -18,6 +18,7 @@ from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.prefill import PrefillWorker
 from tests.conftest import wait_for
+from tests.helpers.prom import value
 from tests.helpers.worker_procs import complete
 
 pytestmark = pytest.mark.timeout(120)
@@ -148,8 +149,8 @@ def test_client_that_leaves_frees_its_blocks(workers: tuple[PrefillWorker, Decod
              what="the cancelled request's blocks to be freed")
     assert decode.metrics.get("requests_failed") == cancelled + 1
     assert decode.metrics.get("generated_tokens") < generated + 500, "it stopped early"
-    assert "mooncake_worker_free_blocks{role=\"decode\"} 96" in \
-        call(decode.url + "/metrics").body["text"]
+    assert value(call(decode.url + "/metrics").body["text"], "mooncake_worker_free_blocks",
+                 role="decode") == 96
 
 
 def test_seeded_sampling_across_prefill_and_decode_equals_one_process(

@@ -15,6 +15,7 @@ from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.prefill import PrefillWorker
+from tests.helpers.prom import helps, value
 
 pytestmark = pytest.mark.timeout(120)
 BLOCKS = 24
@@ -108,7 +109,8 @@ def test_metrics_print_exact_integers_and_exact_fractions() -> None:
     m = WorkerMetrics("decode", {"free_blocks": lambda: 1234567, "load": lambda: 0.1})
     m.add("kv_bytes_sent", 123456789012)
     text = m.render()
-    assert 'mooncake_worker_kv_bytes_sent_total{role="decode"} 123456789012\n' in text
-    assert 'mooncake_worker_requests_total{role="decode"} 0\n' in text
-    assert 'mooncake_worker_free_blocks{role="decode"} 1234567\n' in text
-    assert 'mooncake_worker_load{role="decode"} 0.1\n' in text
+    assert value(text, "mooncake_worker_kv_bytes_sent_total", role="decode") == 123456789012
+    assert value(text, "mooncake_worker_requests_total", role="decode") == 0
+    assert value(text, "mooncake_worker_free_blocks", role="decode") == 1234567
+    assert value(text, "mooncake_worker_load", role="decode") == 0.1
+    assert all(helps(text).values()), "every metric has HELP text"

@@ -84,13 +84,17 @@ class Bookings:
                                          sreq.output_tokens)
 
     def learn(self, pname: str, keys: list[str], body: dict[str, Any],
-               decision: Decision) -> None:
+              decision: Decision, block_bytes: int = 0) -> None:
         prompt, cached = int(body.get("prompt_tokens", 0)), int(body.get("cached_tokens", 0))
         self.metrics.add("prompt_tokens_total", prompt)
         self.metrics.add("prefix_hit_tokens_total", cached)
         fetched = decision.placement.chosen.fetch_blocks
         if fetched:
             self.metrics.add("blocks_fetched_total", fetched)
+            self.metrics.moved("fetch", fetched * block_bytes)
+        if decision.decode is not None:  # the prompt's KV goes from prefill to decode
+            self.metrics.moved("stream", -(-prompt // max(1, self.instances.block_size))
+                               * block_bytes)
         stored = body.get("stored_keys")
         copied = body.get("replicated_keys")  # fetched blocks that gained a replica there
         copied = [k for k in copied if isinstance(k, str)] if isinstance(copied, list) else []
@@ -98,8 +102,10 @@ class Bookings:
         with self.instances.lock:  # what the instance holds now: what it had, what it stored
             index = self.scheduler.cluster.index
             index.touch(pname, keys[:decision.placement.chosen.local_blocks])
-            index.store(pname, stored if isinstance(stored, list) else [])
-            index.store(pname, copied)
+            evicted = index.store(pname, stored if isinstance(stored, list) else [])
+            evicted += index.store(pname, copied)
+        if evicted:
+            self.metrics.add("evicted_blocks_total", len(evicted))
         model = self.scheduler.cluster.model
         if isinstance(model, OnlineCostModel):
             compute = float(body.get("timing", {}).get("compute", 0.0))

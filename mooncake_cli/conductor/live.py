@@ -155,7 +155,7 @@ class Conductor:
                 raise HTTPError(503 if ans.status >= 500 else ans.status,
                                 f"prefill on {pname} failed: {msg}", kind="server_error")
             try:
-                self.bookings.learn(pname, keys, ans.body, decision)
+                self.bookings.learn(pname, keys, ans.body, decision, self.model.ns.block_bytes)
             except (ValueError, TypeError, AttributeError) as e:  # a malformed answer
                 self.bookings.release_decode(decision.decode, sreq)
                 raise HTTPError(502, f"prefill on {pname} answered a malformed body: {e}",

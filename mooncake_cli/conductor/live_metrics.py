@@ -1,4 +1,12 @@
-"""The live conductor's Prometheus metrics: counters, TTFT/TBT histograms, per-instance load.
+"""The live conductor's Prometheus metrics on its own registry: counters, TTFT/TBT histograms,
+per-instance load and cached blocks.
+
+The four figures every dashboard shows: the prefix-cache hit ratio
+(`mooncake_conductor_prefix_hit_ratio`), the cache size (`mooncake_conductor_cached_blocks`
+per instance, from the global cache index), evictions (`mooncake_conductor_evicted_blocks_total`,
+blocks the index dropped to make room) and the bytes moved between nodes
+(`mooncake_conductor_kv_bytes_moved_total`, by `path`: `fetch` between prefill instances,
+`stream` from prefill to decode).
 
 Cache load balancing shows in two counters: `blocks_fetched_total`, the blocks the scheduler
 chose to have a prefill instance fetch from another one (its decision), and
@@ -8,85 +16,111 @@ instance's own store segment (what the prefill answers report as "replicated_key
 
 from __future__ import annotations
 
-import bisect
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from mooncake_cli.prometheus import number
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from mooncake_cli.prometheus import ScrapeCollector, new_registry, render
 
 PREFIX = "mooncake_conductor_"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2.5)
-
-
-class Histogram:
-    def __init__(self, buckets: Sequence[float]) -> None:
-        self.buckets = tuple(buckets)
-        self.counts = [0] * (len(self.buckets) + 1)
-        self.sum = 0.0
-        self.n = 0
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, v)] += 1
-        self.sum += v
-        self.n += 1
-
-    def lines(self, name: str) -> list[str]:
-        out, acc = [], 0
-        for le, c in zip((*self.buckets, "+Inf"), self.counts, strict=True):
-            acc += c
-            out.append(f'{name}_bucket{{le="{le}"}} {acc}')
-        out += [f"{name}_sum {self.sum}", f"{name}_count {self.n}"]
-        return out
+COUNTERS = {
+    "requests_total": "Completion requests accepted for scheduling.",
+    "rejected_total": "Requests refused with 429 (SLO or no decode room).",
+    "errors_total": "Requests that failed after scheduling.",
+    "rerouted_total": "Requests placed again after an instance failed.",
+    "prompt_tokens_total": "Prompt tokens prefilled.",
+    "prefix_hit_tokens_total": "Prompt tokens whose KV was reused from the cache.",
+    "completion_tokens_total": "Tokens streamed back to clients.",
+    "blocks_fetched_total": "KV blocks the scheduler had a prefill instance fetch from another.",
+    "blocks_replicated_total": "Fetched KV blocks that gained a replica on the fetching instance.",
+    "evicted_blocks_total": "KV blocks the cache index dropped to make room.",
+}
+MOVED_PATHS = ("fetch", "stream")
 
 
 class ConductorMetrics:
-    """Thread-safe counters; `render(instances)` gives the /metrics text."""
+    """Thread-safe counters; `render(instances)` gives the /metrics text. `cached_blocks`
+    (instance name -> blocks the index says it holds) is read at each scrape when given."""
 
-    def __init__(self) -> None:
+    def __init__(self, cached_blocks: Callable[[str], int] | None = None) -> None:
+        self.registry = new_registry()
         self._lock = threading.Lock()
-        self.counters: dict[str, float] = {
-            "requests_total": 0, "rejected_total": 0, "errors_total": 0,
-            "rerouted_total": 0, "prompt_tokens_total": 0, "prefix_hit_tokens_total": 0,
-            "completion_tokens_total": 0, "blocks_fetched_total": 0,
-            "blocks_replicated_total": 0}
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.tbt = Histogram(TBT_BUCKETS)
+        self._values = dict.fromkeys(COUNTERS, 0.0)
+        self._counters = {name: Counter(PREFIX + name.removesuffix("_total"), text,
+                                        registry=self.registry)
+                          for name, text in COUNTERS.items()}
+        self._moved = Counter(PREFIX + "kv_bytes_moved", "Bytes of KV moved between nodes.",
+                              ["path"], registry=self.registry)
+        for path in MOVED_PATHS:
+            self._moved.labels(path)
+        self.ttft = Histogram(PREFIX + "ttft_seconds", "Time to the first token.",
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.tbt = Histogram(PREFIX + "tbt_seconds", "Time between tokens.",
+                             buckets=TBT_BUCKETS, registry=self.registry)
+        self._cached_blocks = cached_blocks
+        self._instances: list[dict[str, Any]] = []
+        self._render_lock = threading.Lock()
+        self.registry.register(ScrapeCollector(self._collect))
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """A copy of the counters' values by name (e.g. "requests_total")."""
+        with self._lock:
+            return dict(self._values)
 
     def add(self, name: str, v: float = 1) -> None:
         with self._lock:
-            self.counters[name] += v
+            self._values[name] += v
+        self._counters[name].inc(v)
+
+    def moved(self, path: str, nbytes: int) -> None:
+        """`nbytes` of KV moved between nodes along `path` (fetch or stream)."""
+        if nbytes > 0:
+            self._moved.labels(path).inc(nbytes)
 
     def observe(self, ttft: float | None = None, gaps: Sequence[float] = ()) -> None:
-        with self._lock:
-            if ttft is not None:
-                self.ttft.observe(ttft)
-            for g in gaps:
-                self.tbt.observe(g)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        for g in gaps:
+            self.tbt.observe(g)
 
     def hit_ratio(self) -> float:
         with self._lock:
-            p = self.counters["prompt_tokens_total"]
-            return self.counters["prefix_hit_tokens_total"] / p if p else 0.0
+            p = self._values["prompt_tokens_total"]
+            return self._values["prefix_hit_tokens_total"] / p if p else 0.0
+
+    def _collect(self) -> Iterator[Metric]:
+        ratio = GaugeMetricFamily(PREFIX + "prefix_hit_ratio", "Prompt tokens served from the "
+                                  "prefix cache, of all prompt tokens.")
+        ratio.add_metric([], self.hit_ratio())
+        yield ratio
+        labels = ["name", "role"]
+        alive = GaugeMetricFamily(PREFIX + "instance_alive", "1 while the instance answers.",
+                                  labels=labels)
+        running = GaugeMetricFamily(PREFIX + "instance_running", "Requests running on the "
+                                    "instance.", labels=labels)
+        cached = GaugeMetricFamily(PREFIX + "cached_blocks", "KV blocks the cache index says "
+                                   "the instance holds (cache size).", labels=labels)
+        for i in self._instances:
+            key = [str(i["name"]), str(i["role"])]
+            alive.add_metric(key, int(bool(i["alive"])))
+            load = i["load"] if isinstance(i.get("load"), dict) else {}
+            run = load.get("running", 0)
+            running.add_metric(key, float(run) if isinstance(run, (int, float)) else 0.0)
+            if self._cached_blocks is not None:
+                cached.add_metric(key, self._cached_blocks(str(i["name"])))
+        yield from (alive, running, cached)
 
     def render(self, instances: list[dict[str, Any]]) -> str:
-        with self._lock:
-            lines = []
-            for name, v in self.counters.items():
-                lines += [f"# TYPE {PREFIX}{name} counter", f"{PREFIX}{name} {number(v)}"]
-            for name, h in (("ttft_seconds", self.ttft), ("tbt_seconds", self.tbt)):
-                lines.append(f"# TYPE {PREFIX}{name} histogram")
-                lines += h.lines(PREFIX + name)
-            p = self.counters["prompt_tokens_total"]
-            ratio = self.counters["prefix_hit_tokens_total"] / p if p else 0.0
-        lines += [f"# TYPE {PREFIX}prefix_hit_ratio gauge",
-                  f"{PREFIX}prefix_hit_ratio {number(ratio)}",
-                  f"# TYPE {PREFIX}instance_alive gauge",
-                  f"# TYPE {PREFIX}instance_running gauge"]
-        for i in instances:
-            label = f'{{name="{i["name"]}",role="{i["role"]}"}}'
-            lines.append(f"{PREFIX}instance_alive{label} {int(i['alive'])}")
-            running = i["load"].get("running", 0) if isinstance(i["load"], dict) else 0
-            lines.append(f"{PREFIX}instance_running{label} {running}")
-        return "\n".join(lines) + "\n"
+        with self._render_lock:
+            self._instances = instances
+            try:
+                return render(self.registry)
+            finally:
+                self._instances = []

@@ -75,7 +75,8 @@ class ConductorService:
         instances = Instances(cluster, cfg.instance_ttl, cfg.block_size, on_decode_step=on_step)
         slo = Slo(cfg.ttft_slo or None, cfg.tbt_slo or None)
         scheduler = Scheduler(cluster, make_policy(cfg.policy, cfg.seed), slo)
-        self.conductor = Conductor(model, scheduler, instances, ConductorMetrics(),
+        metrics = ConductorMetrics(cluster.index.blocks)
+        self.conductor = Conductor(model, scheduler, instances, metrics,
                                    retries=cfg.retries, timeout=cfg.request_timeout,
                                    explain_path=cfg.explain)
         self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval)

@@ -120,6 +120,7 @@ class DecodeWorker(WorkerRuntime):
                 raise HTTPError(413, f"{len(tokens)} + {params.max_tokens} tokens need {budget} "
                                      f"KV blocks; this decode worker has "
                                      f"{self.cache.num_blocks}", code="decode_too_large")
+            self.metrics.add("kv_bytes_loaded", len(res.blocks) * self.ns.block_bytes)
             seq.block_table = res.blocks
             seq.num_computed = len(tokens)
             self._append(seq, first)

@@ -44,6 +44,7 @@ class PrefillWorker(WorkerRuntime):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.prefix = PrefixStore(self.store, self.cache) if self.store is not None else None
+        self._evictions_seen = 0
         self._queue: queue.Queue[PrefillJob | None] = queue.Queue()
         self._lock = threading.Lock()
         self._queued_tokens = 0
@@ -208,6 +209,9 @@ class PrefillWorker(WorkerRuntime):
         m.add("kv_bytes_loaded", hit // self.cache.block_size * self.ns.block_bytes)
         m.add("kv_bytes_stored", stored_blocks * self.ns.block_bytes)
         m.add("generated_tokens", 1)
+        if self.prefix is not None and self.prefix.evictions > self._evictions_seen:
+            m.add("prefix_evictions", self.prefix.evictions - self._evictions_seen)
+            self._evictions_seen = self.prefix.evictions
 
     # -- shutdown ----------------------------------------------------------------------------
     def drain(self, timeout: float) -> None:

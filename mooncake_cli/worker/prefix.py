@@ -25,6 +25,7 @@ class PrefixStore:
     def __init__(self, store: StoreClient, cache: KVCache) -> None:
         self.store = store
         self.cache = cache
+        self.evictions = 0  # blocks found gone (evicted, unreadable) between lookup and read
         own = store.segment is not None
         self.put_config = ReplicateConfig(preferred_segment=store.engine.name if own else "")
         on_host = cache.pool.device.type == "cpu"
@@ -91,6 +92,7 @@ class PrefixStore:
             except StoreError as e:
                 log.info("block %d of the prefix is unavailable (%s): computing from there",
                          i, e)
+                self.evictions += 1
                 return i
             if got != size:
                 log.warning("store object %s is %d bytes, expected %d: computing from there",

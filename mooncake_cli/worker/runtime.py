@@ -63,7 +63,10 @@ class WorkerRuntime:
             "running": lambda: float(self.load()["running"]),
             "waiting": lambda: float(self.load()["waiting"]),
             "free_blocks": lambda: float(self.cache.allocator.free),
-            "total_blocks": lambda: float(self.cache.num_blocks)})
+            "total_blocks": lambda: float(self.cache.num_blocks),
+            "kv_used_bytes": lambda: float((self.cache.num_blocks - self.cache.allocator.free)
+                                           * self.ns.block_bytes),
+            "kv_capacity_bytes": lambda: float(self.cache.num_blocks * self.ns.block_bytes)})
         host, port = split_listen(cfg.listen)
         self.http = serve(self.handler, self, host, port, f"mooncake-{self.role}-http")
         reach = cfg.advertise or (host if host not in ("0.0.0.0", "::", "") else hostname())
