@@ -8,8 +8,9 @@ dataclasses that serialise to JSON, so descriptors can live in etcd or an HTTP s
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class MooncakeError(Exception):
@@ -34,12 +35,26 @@ class PluginError(MooncakeError):
 
 @dataclass(frozen=True)
 class RegionInfo:
-    """One registered buffer as a peer sees it: `base` is its offset in the segment's space."""
+    """One registered buffer as a peer sees it: `base` is its offset in the segment's space.
+    `extra` holds each transport's opaque fields for it (e.g. `shm`: the POSIX shared-memory
+    name, `nixl`: the registered address), put there by that transport's `Endpoint.register`."""
 
     base: int
     length: int
     location: str = "cpu:0"
-    shm: str | None = None  # POSIX shared-memory name when the buffer is shm-backed
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def shm(self) -> str | None:
+        return self.extra.get("shm")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RegionInfo:
+        extra = dict(d.get("extra") or {})
+        if d.get("shm"):  # descriptors published before `extra` existed
+            extra["shm"] = d["shm"]
+        return cls(int(d["base"]), int(d["length"]), str(d.get("location", "cpu:0")),
+                   {str(k): str(v) for k, v in extra.items()})
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,7 @@ class SegmentDescriptor:
     pid: int
     auth: bool
     regions: tuple[RegionInfo, ...] = field(default_factory=tuple)
+    extra: dict[str, str] = field(default_factory=dict)  # transports' segment-level fields
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -61,9 +77,10 @@ class SegmentDescriptor:
     def from_json(cls, raw: bytes | str) -> SegmentDescriptor:
         try:
             d = json.loads(raw)
-            regions = tuple(RegionInfo(**r) for r in d.pop("regions"))
-            return cls(regions=regions, **d)
-        except (ValueError, TypeError, KeyError) as e:
+            regions = tuple(RegionInfo.from_dict(r) for r in d.pop("regions"))
+            extra = {str(k): str(v) for k, v in (d.pop("extra", None) or {}).items()}
+            return cls(regions=regions, extra=extra, **d)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise MetadataError(f"malformed segment descriptor: {e}") from e
 
     def region_for(self, offset: int, length: int) -> RegionInfo | None:
@@ -78,6 +95,9 @@ class SegmentDescriptor:
 class Channel(Protocol):
     """A connection from this engine to one peer segment. Not thread-safe: one user at a time."""
 
+    broken: bool  # True after an I/O error: the engine closes it and may retry once elsewhere
+    spin: bool  # set by the engine: False in worker threads, which must not busy-poll
+
     def read(self, remote_offset: int, dst: memoryview) -> None:
         """Fill `dst` from the peer's segment at `remote_offset`; raise TransferError on failure."""
 
@@ -87,9 +107,64 @@ class Channel(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Slice:
+    """One piece of work handed to a `BatchChannel`: `length` bytes between the local region
+    at `start` (inside it) and the peer's segment at `remote_offset`."""
+
+    op: str  # "read" (peer -> local) or "write" (local -> peer)
+    region: Any  # the engine's local Region (host `view` or device tensor, `base`, `location`)
+    start: int
+    length: int
+    remote_offset: int
+
+
+@runtime_checkable
+class BatchChannel(Channel, Protocol):
+    """A channel that takes a whole batch at once (a one-sided, asynchronous transport): the
+    engine hands it every slice for its peer and no Python runs per slice on its behalf."""
+
+    def post(self, slices: Sequence[Slice], done: Callable[[int, str | None], None],
+             timeout: float) -> None:
+        """Start every slice; call `done(i, None)` or `done(i, reason)` exactly once per slice,
+        from any thread, within `timeout` seconds (a dead peer is a reason, never a hang)."""
+
+
+@dataclass(frozen=True)
+class EngineSide:
+    """What a transport learns about the engine it is attached to."""
+
+    segment: Any  # the engine's Segment: `locate(offset, length)` bounds-checks every access
+    describe: Callable[[], bytes]  # the engine's current SegmentDescriptor as JSON
+    host: str  # where a listener binds ("127.0.0.1" unless told)
+    port: int  # 0: any free port
+    secret: str | None
+    timeout: float
+
+
+@runtime_checkable
+class Endpoint(Protocol):
+    """One engine's side of a transport, created by `Transport.attach`: what the transport
+    keeps per engine (a listener, a NIXL agent) and the memory registered with it."""
+
+    def register(self, region: Any) -> Mapping[str, str]:
+        """Make `region` reachable through this transport; its opaque fields (often empty)."""
+
+    def unregister(self, region: Any) -> None: ...
+
+    def fields(self) -> Mapping[str, str]:
+        """Opaque segment-level fields for the descriptor (e.g. a NIXL agent's metadata)."""
+
+    def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> Channel:
+        """Open a channel; raise TransferError when the peer cannot be reached or refuses."""
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Transport(Protocol):
-    """A way to reach peer segments. Loaded from the `mooncake.transports` entry-point group."""
+    """A way to reach peer segments. Loaded from the `mooncake.transports` entry-point group.
+    One object serves every engine of a process; `attach` gives each engine its endpoint."""
 
     name: str
     priority: int  # higher wins when several transports can reach a peer
@@ -99,11 +174,12 @@ class Transport(Protocol):
     def available(self) -> tuple[bool, str]:
         """(True, "") when usable on this machine, else (False, why not)."""
 
-    def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> bool:
-        """Whether this transport reaches `peer` from the engine described by `local`."""
+    def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> tuple[bool, str]:
+        """Whether this transport reaches `peer` from the engine described by `local`, and why
+        (or why not) in a few words for logs and `mooncake plugins`."""
 
-    def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> Channel:
-        """Open a channel; raise TransferError when the peer cannot be reached or refuses."""
+    def attach(self, engine: EngineSide) -> Endpoint:
+        """This engine's endpoint; PluginError when the transport cannot serve it."""
 
 
 @runtime_checkable
@@ -126,3 +202,4 @@ class Tier(Protocol):
 
     def allocate(self, size: int, shared: bool = True) -> Buffer:
         """A zeroed buffer of `size` bytes; `shared` asks for one a same-host peer can map."""
+

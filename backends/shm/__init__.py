@@ -13,8 +13,10 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from collections.abc import Mapping
+from typing import Any
 
-from mooncake_cli.interfaces import RegionInfo, SegmentDescriptor, TransferError
+from mooncake_cli.interfaces import EngineSide, RegionInfo, SegmentDescriptor, TransferError
 from mooncake_cli.transfer.client import TargetClient
 
 SHM_DIR = "/dev/shm"
@@ -24,6 +26,8 @@ ALIVE_EVERY = 0.005  # seconds between checks that the peer process lives
 class ShmChannel:
     def __init__(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> None:
         self.peer = peer
+        self.broken = False  # a mapping never breaks; the TCP fallback has its own flag
+        self.spin = True
         self._secret, self._timeout = secret, timeout
         self._maps: dict[str, memoryview] = {}
         self._fds: dict[str, int] = {}  # open files of mapped regions: st_nlink 0 = unregistered
@@ -145,10 +149,33 @@ class ShmTransport:
             return False, f"{SHM_DIR} is missing or not writable"
         return True, ""
 
-    def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> bool:
-        return (peer.boot_id == local.boot_id and peer.boot_id != ""
-                and any(r.shm and os.path.exists(os.path.join(SHM_DIR, r.shm))
-                        for r in peer.regions))
+    def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> tuple[bool, str]:
+        if peer.boot_id != local.boot_id or not peer.boot_id:
+            return False, "another host"
+        if not any(r.shm and os.path.exists(os.path.join(SHM_DIR, r.shm))
+                   for r in peer.regions):
+            return False, "same host, but no shm-backed region"
+        return True, "same host, shm-backed regions"
+
+    def attach(self, engine: EngineSide) -> ShmEndpoint:
+        return ShmEndpoint()
+
+
+class ShmEndpoint:
+    """Publishes the shared-memory name of each shm-backed region (tiers allocate them)."""
+
+    def register(self, region: Any) -> Mapping[str, str]:
+        name = getattr(region, "shm", None)
+        return {"shm": name} if name else {}
+
+    def unregister(self, region: Any) -> None:
+        pass
+
+    def fields(self) -> Mapping[str, str]:
+        return {}
 
     def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> ShmChannel:
         return ShmChannel(peer, secret, timeout)
+
+    def close(self) -> None:
+        pass

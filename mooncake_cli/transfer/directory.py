@@ -1,8 +1,14 @@
 """Resolving segment names to pooled peers: metadata lookup, transport choice, and a fresh
-look when a request falls outside what we know of a peer."""
+look when a request falls outside what we know of a peer.
+
+Each peer gets the best transport that reaches it (highest priority first: shm for a
+same-host peer with shared memory, nixl when UCX sees RDMA or CUDA, else tcp) unless one is
+forced; the choice and why are logged at info and kept in `choices` for `mooncake plugins`.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -14,11 +20,37 @@ from mooncake_cli.interfaces import (
     Transport,
 )
 from mooncake_cli.registry import Registry
+from mooncake_cli.transfer.endpoints import Endpoints
 from mooncake_cli.transfer.metadata import MetadataClient
 from mooncake_cli.transfer.peers import Peer
 from mooncake_cli.transfer.segment import Segment
 
 GROUP = "mooncake.transports"
+log = logging.getLogger("mooncake.transfer")
+
+
+def reaches(t: Transport, peer: SegmentDescriptor, local: SegmentDescriptor) -> tuple[bool, str]:
+    """`t.reachable` as (ok, why); older plugins answer a bare bool."""
+    try:
+        r = t.reachable(peer, local)
+    except Exception as e:  # a plugin's bug is a reason, not a crash of the lookup
+        return False, f"{type(e).__name__}: {e}"
+    if isinstance(r, tuple):
+        return bool(r[0]), str(r[1])
+    return bool(r), ""
+
+
+def choose(transports: list[Transport], peer: SegmentDescriptor,
+           local: SegmentDescriptor) -> tuple[Transport | None, str]:
+    """The first transport (best first) that reaches `peer`, and a line saying why each
+    better one did not."""
+    notes: list[str] = []
+    for t in transports:
+        ok, why = reaches(t, peer, local)
+        if ok:
+            return t, "; ".join([f"{t.name}: {why or 'reachable'}"] + notes)
+        notes.append(f"not {t.name}: {why or 'unreachable'}")
+    return None, "; ".join(notes)
 
 
 def pick_transports(registry: Registry, choice: str) -> list[Transport]:
@@ -35,10 +67,13 @@ def pick_transports(registry: Registry, choice: str) -> list[Transport]:
 class PeerDirectory:
     """One `Peer` per segment name, replaced when it turns stale (after a failure)."""
 
-    def __init__(self, transports: list[Transport], metadata: MetadataClient,
-                 own_name: str, segment: Segment, describe: Callable[[], SegmentDescriptor],
-                 secret: str | None, timeout: float, connections: int) -> None:
+    def __init__(self, transports: list[Transport], endpoints: Endpoints,
+                 metadata: MetadataClient, own_name: str, segment: Segment,
+                 describe: Callable[[], SegmentDescriptor], secret: str | None, timeout: float,
+                 connections: int) -> None:
         self.transports, self.metadata = transports, metadata
+        self._endpoints = endpoints
+        self.choices: dict[str, tuple[str, str]] = {}  # segment -> (transport, why)
         self._own, self._segment, self._describe = own_name, segment, describe
         self._secret, self._timeout, self._connections = secret, timeout, connections
         self._peers: dict[str, Peer] = {}
@@ -54,11 +89,15 @@ class PeerDirectory:
         else:
             desc = self.metadata.lookup(name)
             local = self._describe()
-            usable = [t for t in self.transports if t.reachable(desc, local)]
-            if not usable:
-                raise TransferError(f"no transport reaches '{name}' (tried "
-                                    f"{', '.join(t.name for t in self.transports)})")
-            peer = Peer(desc, usable[0], self._secret, self._timeout, self._connections)
+            usable = [t for t in self.transports if t.name in self._endpoints.by_name]
+            best, why = choose(usable, desc, local)
+            if best is None:
+                raise TransferError(f"no transport reaches '{name}' ({why or 'none attached'})")
+            if self.choices.get(name, ("", ""))[0] != best.name:
+                log.info("peer %s: transport %s (%s)", name, best.name, why)
+            self.choices[name] = (best.name, why)
+            peer = Peer(desc, best, self._secret, self._timeout, self._connections,
+                        endpoint=self._endpoints.by_name[best.name])
         with self._lock:
             old = self._peers.get(name)
             self._peers[name] = peer

@@ -17,33 +17,26 @@ from typing import Any
 
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.interfaces import (
+    EngineSide,
     MooncakeError,
     SegmentDescriptor,
+    Slice,
     TransferError,
 )
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
 from mooncake_cli.transfer.directory import PeerDirectory, pick_transports
+from mooncake_cli.transfer.dispatch import MIN_SLICE, cut, post_all, run_slice
+from mooncake_cli.transfer.endpoints import Endpoints
 from mooncake_cli.transfer.hostinfo import boot_id, hostname
 from mooncake_cli.transfer.metadata import open_metadata
 from mooncake_cli.transfer.peers import Peer
 from mooncake_cli.transfer.segment import Region, Segment
-from mooncake_cli.transfer.server import TargetServer
 
 log = logging.getLogger("mooncake.transfer")
 
-MIN_SLICE = 2 << 20  # one stream reaches ~4 GB/s here: cutting smaller only adds hand-offs
 MAX_OFFSET = 1 << 64  # offsets travel as u64: a range past this is outside every segment
-
-
-def cut(length: int, parallel: int, max_slice: int) -> list[tuple[int, int]]:
-    """(offset, length) slices of a request: spread over `parallel` connections, each between
-    MIN_SLICE and `max_slice` bytes (a shorter request is one slice)."""
-    if length <= MIN_SLICE:
-        return [(0, length)]
-    n = max(min(-(-length // MIN_SLICE), parallel), -(-length // max_slice))
-    size = -(-length // n)
-    return [(o, min(size, length - o)) for o in range(0, length, size)]
+__all__ = ["MIN_SLICE", "TransferEngine", "cut"]
 
 
 class TransferEngine:
@@ -53,11 +46,13 @@ class TransferEngine:
         transports = pick_transports(registry, config.transport)
         self._secret = config.secret or None
         self.segment = Segment("")
-        self._server = TargetServer(self.segment, self._describe_bytes, config.host,
-                                    config.port, self._secret)
+        self.endpoints = Endpoints(registry, EngineSide(
+            self.segment, self._describe_bytes, config.host, config.port, self._secret,
+            config.timeout))
+        self._port = self.endpoints.port
         advertise = config.advertise or (config.host if config.host not in ("0.0.0.0", "::", "")
                                          else hostname())
-        self.address = f"{advertise}:{self._server.port}"
+        self.address = f"{advertise}:{self._port}"
         p2p = config.metadata.strip().lower() in ("p2p", "p2phandshake", "")
         if p2p and config.name and config.name != self.address:
             log.warning("p2p metadata names a segment by its address: using %s, not %s",
@@ -67,12 +62,12 @@ class TransferEngine:
         try:
             self.metadata = open_metadata(config.metadata, self._secret, config.timeout,
                                           config.metadata_ttl)
-            self.metadata.publish(self.descriptor())
+            self.metadata.publish(self.descriptor(public=True))
         except BaseException:
-            self._server.close()
+            self.endpoints.close()
             raise
-        self._dir = PeerDirectory(transports, self.metadata, self.name, self.segment,
-                                  self.descriptor, self._secret, config.timeout,
+        self._dir = PeerDirectory(transports, self.endpoints, self.metadata, self.name,
+                                  self.segment, self.descriptor, self._secret, config.timeout,
                                   config.connections)
         self._buffers: dict[int, Any] = {}
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
@@ -84,12 +79,13 @@ class TransferEngine:
 
     # -- memory -------------------------------------------------------------------------------
     def register(self, obj: Any, location: str | None = None) -> Region:
-        """Register a writable buffer (bytearray, numpy array, CPU tensor, mmap) as a region."""
+        """Register a writable buffer (bytearray, numpy array, tensor, mmap) as a region; every
+        transport registers it too (NIXL pins it, shm publishes its name)."""
         try:
             region = self.segment.register(obj, location)
         except ValueError as e:
             raise TransferError(f"cannot register memory: {e}") from e
-        self._republish()
+        self._attach(region)
         return region
 
     def allocate(self, size: int, tier: str = "dram", shared: bool = True) -> Region:
@@ -97,11 +93,23 @@ class TransferEngine:
         buf = self.registry.get("mooncake.tiers", tier).allocate(size, shared=shared)
         region = self.segment.register(buf, shm=buf.shm, view=buf.view)
         self._buffers[region.base] = buf
-        self._republish()
+        self._attach(region)
         return region
+
+    def _attach(self, region: Region) -> None:
+        try:
+            self.endpoints.register(region)
+        except Exception as e:
+            self.segment.unregister(region)
+            buf = self._buffers.pop(region.base, None)
+            if buf is not None:
+                buf.close()
+            raise TransferError(f"cannot register memory with a transport: {e}") from e
+        self._republish()
 
     def unregister(self, region: Region) -> None:
         self.segment.unregister(region)
+        self.endpoints.unregister(region)
         buf = self._buffers.pop(region.base, None)
         self._republish()
         if buf is not None:
@@ -109,14 +117,17 @@ class TransferEngine:
 
     def _republish(self) -> None:
         if hasattr(self, "_dir"):
-            self.metadata.publish(self.descriptor())
+            self.metadata.publish(self.descriptor(public=True))
 
-    def descriptor(self) -> SegmentDescriptor:
-        return SegmentDescriptor(self.name, self.address.rpartition(":")[0], self._server.port,
+    def descriptor(self, public: bool = False) -> SegmentDescriptor:
+        """This segment as peers see it; `public` (what metadata servers get) leaves out the
+        fields a transport gives only to peers that proved the secret."""
+        return SegmentDescriptor(self.name, self.address.rpartition(":")[0], self._port,
                                  self._boot_id, os.getpid(), self._secret is not None,
-                                 tuple(r.info() for r in self.segment.regions))
+                                 tuple(r.info() for r in self.segment.regions),
+                                 self.endpoints.fields(public and self._secret is not None))
 
-    def _describe_bytes(self) -> bytes:
+    def _describe_bytes(self) -> bytes:  # DESCRIBE answers behind the secret handshake
         return self.descriptor().to_json()
 
     # -- peers --------------------------------------------------------------------------------
@@ -127,6 +138,10 @@ class TransferEngine:
         """The name of the transport used for segment `name` (resolving it if needed)."""
         return self._peer(name).name
 
+    def transport_choices(self) -> dict[str, tuple[str, str]]:
+        """Each peer resolved so far -> (transport, why it was chosen)."""
+        return dict(self._dir.choices)
+
     # -- transfers ----------------------------------------------------------------------------
     def submit(self, requests: list[TransferRequest]) -> Batch:
         """Queue a batch and return at once (small batches complete before returning)."""
@@ -135,6 +150,7 @@ class TransferEngine:
         batch = Batch(list(requests))
         work: list[tuple[Any, ...]] = []
         fresh: dict[str, SegmentDescriptor] = {}
+        whole: dict[int, tuple[Peer, list[tuple[int, Slice]]]] = {}  # batched peers' share
         inline = 1 << 62  # the batch runs in this thread if it fits every peer's inline budget
         total = 0
         for i, r in enumerate(batch.requests):
@@ -156,6 +172,11 @@ class TransferEngine:
                 if refused:  # refuse it whole: no in-bounds slice of it may move
                     batch.fail(i, refused)
                     continue
+            if peer.batched:
+                batch.expect(i, 1)
+                whole.setdefault(id(peer), (peer, []))[1].append(
+                    (i, Slice(r.op.value, r.local, r.local_offset, r.length, r.target_offset)))
+                continue
             if peer.inline_bytes < inline:
                 inline = peer.inline_bytes
             total += r.length
@@ -170,6 +191,8 @@ class TransferEngine:
             for off, n in parts:
                 work.append((batch, i, peer, r.op, r.local, r.local_offset + off, n,
                              r.target_offset + off))
+        for peer, slices in whole.values():
+            post_all(batch, peer, slices, self.config.timeout)
         if len(work) <= 1 or total <= inline:
             for w in work:  # nothing to overlap: a hand-off would only add two wake-ups
                 self._run(*w)
@@ -183,35 +206,7 @@ class TransferEngine:
         while (item := self._queue.get()) is not None:
             self._run(*item)
 
-    def _run(self, batch: Batch, index: int, peer: Peer, op: Op, local: Region, start: int,
-             n: int, remote: int, spin: bool = True) -> None:
-        error = None
-        for _attempt in (0, 1):
-            try:
-                ch = peer.acquire()
-            except TransferError as e:
-                error = str(e)
-                break
-            ch.spin = spin  # type: ignore[union-attr]
-            try:
-                if op is Op.READ:
-                    view = local.sink(start, n)
-                    ch.read(remote, view)  # type: ignore[union-attr]
-                    local.commit(start, view)
-                else:
-                    ch.write(remote, local.load(start, n))  # type: ignore[union-attr]
-                error = None
-            except TransferError as e:
-                error = str(e)
-            except Exception as e:  # a worker must survive, and the slice must end, whatever
-                error = f"{type(e).__name__}: {e}"
-            finally:
-                peer.release(ch)  # type: ignore[arg-type]
-            if error is None or not getattr(ch, "broken", False):
-                break  # done, or refused by the peer: retrying would not help
-        if error is not None:
-            peer.stale = True
-        batch.slice_done(index, n, error)
+    _run = staticmethod(run_slice)
 
     def transfer(self, op: Op, region: Region, local_offset: int, target: str,
                  target_offset: int, length: int, timeout: float | None = None) -> Status:
@@ -234,8 +229,8 @@ class TransferEngine:
         except MooncakeError:
             pass
         self.metadata.close()
-        self._server.close()
         self._dir.close()
+        self.endpoints.close()
         for w in self._workers:
             w.join(timeout=2)
         for buf in self._buffers.values():

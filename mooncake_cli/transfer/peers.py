@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import threading
 
-from mooncake_cli.interfaces import Channel, SegmentDescriptor, TransferError, Transport
+from mooncake_cli.interfaces import (
+    Channel,
+    Endpoint,
+    SegmentDescriptor,
+    TransferError,
+    Transport,
+)
 from mooncake_cli.transfer.segment import Segment
 
 
@@ -14,6 +20,7 @@ class LocalChannel:
     def __init__(self, segment: Segment) -> None:
         self._segment = segment
         self.broken = False
+        self.spin = True
 
     def read(self, remote_offset: int, dst: memoryview) -> None:
         region, start = self._segment.locate(remote_offset, len(dst))
@@ -33,12 +40,15 @@ class Peer:
     """Up to `limit` channels to `desc` through `transport`; `acquire` blocks when all are busy."""
 
     def __init__(self, desc: SegmentDescriptor, transport: Transport | None, secret: str | None,
-                 timeout: float, limit: int, local: Segment | None = None) -> None:
-        self.desc, self.transport = desc, transport
+                 timeout: float, limit: int, local: Segment | None = None,
+                 endpoint: Endpoint | None = None) -> None:
+        self.desc, self.transport, self._endpoint = desc, transport, endpoint
         self.name = transport.name if transport else "local"
         self.inline_bytes: int = getattr(transport, "inline_bytes", 64 << 10) if transport \
             else 1 << 62
         self.max_slices: int = max(1, getattr(transport, "max_slices", 64)) if transport else 1
+        # a transport that takes batches whole: requests are handed to `BatchChannel.post`
+        self.batched: bool = bool(getattr(transport, "batched", False))
         self._secret, self._timeout, self._limit = secret, timeout, limit
         self._local = local
         self.stale = False  # set after a failure: the engine looks the peer up again
@@ -52,8 +62,11 @@ class Peer:
     def _new(self) -> Channel:
         if self._local is not None:
             return LocalChannel(self._local)
+        if self._endpoint is not None:
+            return self._endpoint.connect(self.desc, self._secret, self._timeout)
         assert self.transport is not None
-        return self.transport.connect(self.desc, self._secret, self._timeout)
+        return self.transport.connect(self.desc, self._secret,  # type: ignore[attr-defined]
+                                      self._timeout)
 
     def acquire(self, block: bool = True) -> Channel | None:
         if not self._closed:

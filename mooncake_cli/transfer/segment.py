@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mooncake_cli.interfaces import RegionInfo, TransferError
@@ -31,9 +31,12 @@ class Region:
     shm: str | None = None
     keep: Any = None  # the registered object, kept alive while registered
     device: Any = None  # flat uint8 tensor on a device, when `view` is None
+    # transports' opaque fields for this region, filled by the engine as each endpoint
+    # registers it (before the region is published)
+    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def info(self) -> RegionInfo:
-        return RegionInfo(self.base, self.length, self.location, self.shm)
+        return RegionInfo(self.base, self.length, self.location, dict(self.extra))
 
     def load(self, start: int, n: int) -> memoryview:
         """Bytes [start, start+n) in host memory: the region itself, or a staged copy."""
