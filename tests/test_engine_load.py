@@ -34,7 +34,7 @@ def broken(src: Path, dst: Path) -> Path:
 
 
 def test_missing_files_are_named(llama: Path, tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match="no such directory"):
+    with pytest.raises(ModelError, match="no such file or directory"):
         load_model(tmp_path / "nowhere")
     d = broken(llama, tmp_path / "no-config")
     (d / "config.json").unlink()

@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mooncake_cli.engine import models
 from mooncake_cli.engine.errors import ModelError
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                 "Qwen2ForCausalLM": "qwen2"}
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -52,20 +51,24 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        """From a Hugging Face config (transformers 4 or 5); without `architectures` the family
+        comes from `model_type`."""
         archs = raw.get("architectures") or []
-        arch = next((a for a in archs if a in ARCHITECTURES), None)
-        if arch is None:
+        if not isinstance(archs, list):
+            archs = []
+        found = next((models.BY_HF_CLASS[a] for a in archs if a in models.BY_HF_CLASS), None)
+        if found is None and not archs:
+            found = models.BY_NAME.get(str(raw.get("model_type")))
+        if found is None:
             what = archs or raw.get("model_type")
             raise ModelError(f"config.json: unsupported architecture {what}; supported: "
-                             f"{', '.join(ARCHITECTURES)}")
+                             f"{models.supported()}")
+        raw = found.adjust(raw)
+        arch = found.hf_classes[0]
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise ModelError(f"config.json: hidden_act {act!r} is not supported (only silu)")
-        window = raw.get("sliding_window")
-        if ARCHITECTURES[arch] == "qwen2":
-            if raw.get("use_sliding_window"):
-                raise ModelError("config.json: Qwen2 use_sliding_window=true is not supported")
-            window = None
+        window = raw.get("sliding_window") if found.sliding_window else None
         try:
             heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
@@ -99,8 +102,12 @@ class ModelConfig:
         return cls.from_dict(raw)
 
     @property
+    def family(self) -> models.Architecture:
+        return models.BY_HF_CLASS[self.architecture]
+
+    @property
     def kind(self) -> str:
-        return ARCHITECTURES[self.architecture]
+        return self.family.name
 
     def num_parameters(self) -> int:
         h, d = self.hidden_size, self.head_dim

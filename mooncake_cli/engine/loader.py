@@ -1,21 +1,21 @@
-"""`load_model`: a checkpoint directory (or a built-in demo name) -> a ready Model."""
+"""`load_model`: a named model, GGUF file, checkpoint directory or demo -> a ready Model."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from mooncake_cli.engine import demo
 from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.errors import ModelError
 from mooncake_cli.engine.kvcache import DTYPE_NAMES
-from mooncake_cli.engine.model import Transformer
-from mooncake_cli.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
-from mooncake_cli.engine.weights import build, read_safetensors
-from mooncake_cli.kvkeys import KVNamespace, model_id_from
+from mooncake_cli.engine.models.decoder import Transformer
+from mooncake_cli.engine.source import ChatSpec, open_source
+from mooncake_cli.engine.tokenizer import Tokenizer
+from mooncake_cli.engine.weights import build
+from mooncake_cli.kvkeys import KVNamespace
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -31,6 +31,7 @@ class Model:
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]
     description: str
+    chat: ChatSpec = field(default_factory=ChatSpec)
 
     @property
     def device(self) -> torch.device:
@@ -73,37 +74,13 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(name: str | Path, device: str | torch.device = "cpu",
-               dtype: str | torch.dtype = "float32", model_id: str | None = None) -> Model:
-    """Load a Llama/Mistral/Qwen2 checkpoint directory, or a demo (`demo`, `demo-25m`)."""
+               dtype: str | torch.dtype = "float32", model_id: str | None = None,
+               progress: Callable[[str], None] | None = None) -> Model:
+    """Load a named model (`smollm2-135m`, fetched on first use), a `.gguf` file, a Hugging Face
+    checkpoint directory (Llama/Mistral/Qwen2), or a demo (`demo`, `demo-25m`)."""
     dev, dt = resolve_device(device), resolve_dtype(dtype)
-    key = str(name)
-    if key in demo.DEMOS:
-        cfg = demo.DEMOS[key]
-        weights = build(demo.demo_tensors(cfg), cfg, dt, dev)
-        return Model(model_id or key, cfg, Transformer(cfg, weights, dev, dt), ByteTokenizer(),
-                     cfg.eos_token_ids, f"{key}: " + demo.LABEL.format(seed=demo.SEED))
-    path = Path(name)
-    if not path.is_dir():
-        raise ModelError(f"model {key!r}: no such directory (or use a built-in demo: "
-                         f"{', '.join(demo.DEMOS)})")
-    cfg = ModelConfig.from_file(path / "config.json")
-    tokenizer = HFTokenizer(path / "tokenizer.json")
-    weights = build(read_safetensors(path), cfg, dt, dev)
-    eos = cfg.eos_token_ids + tuple(i for i in _generation_eos(path)
-                                    if i not in cfg.eos_token_ids)
-    return Model(model_id or model_id_from(str(path.resolve())), cfg,
-                 Transformer(cfg, weights, dev, dt), tokenizer, eos,
-                 f"{cfg.architecture} from {path} ({cfg.num_parameters() / 1e6:.1f}M parameters)")
-
-
-def _generation_eos(path: Path) -> tuple[int, ...]:
-    f = path / "generation_config.json"
-    if not f.is_file():
-        return ()
-    try:
-        value = json.loads(f.read_text()).get("eos_token_id")
-    except (json.JSONDecodeError, AttributeError):
-        return ()
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, list) else (int(value),)
+    src = open_source(name, progress=progress)
+    weights = build(src.tensors(), src.config, dt, dev)
+    return Model(model_id or src.model_id, src.config,
+                 Transformer(src.config, weights, dev, dt), src.tokenizer, src.eos_token_ids,
+                 src.description, src.chat)

@@ -1,9 +1,10 @@
-"""Tokenizers: a Hugging Face `tokenizer.json` (the `tokenizers` package) or the demo's bytes."""
+"""Tokenizers: the `tokenizers` package (a `tokenizer.json`, or one rebuilt from GGUF metadata)
+or the demo's bytes."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from mooncake_cli.engine.errors import ModelError
 
@@ -23,9 +24,16 @@ class HFTokenizer:
             raise ModelError(f"{path} not found: a model directory needs tokenizer.json "
                              "(the fast-tokenizer file transformers writes)")
         try:
-            self._tok = Impl.from_file(str(path))
+            self._tok: Any = Impl.from_file(str(path))
         except Exception as e:  # the Rust side raises a plain Exception
             raise ModelError(f"{path}: cannot load tokenizer ({e})") from None
+
+    @classmethod
+    def from_object(cls, tok: object) -> HFTokenizer:
+        """Wrap an already built `tokenizers.Tokenizer` (e.g. one rebuilt from GGUF metadata)."""
+        self = cls.__new__(cls)
+        self._tok = tok
+        return self
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)

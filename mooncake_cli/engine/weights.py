@@ -1,7 +1,8 @@
-"""Llama-family weights from `*.safetensors`, fused per layer for fewer, larger matmuls."""
+"""Llama-family weights (Hugging Face names), fused per layer for fewer, larger matmuls."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,61 +34,106 @@ class Weights:
     lm_head: torch.Tensor
 
 
-def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of every `*.safetensors` file in `directory` (on CPU, stored dtype)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+
+
+def read_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every `*.safetensors` file in `directory`, one at a time (on CPU, stored
+    dtype): shards are opened one after another, so peak memory stays near the model's size."""
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{directory}: no *.safetensors weights (only safetensors checkpoints "
                          "are supported; convert .bin files with transformers' save_pretrained)")
-    tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            tensors.update(load_file(str(f)))
+            with safe_open(str(f), framework="pt") as shard:
+                for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    yield name, shard.get_tensor(name)
         except (SafetensorError, OSError) as e:
             raise ModelError(f"{f}: cannot read safetensors ({e})") from None
-    return tensors
 
 
-def build(raw: dict[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype,
+def build(tensors: NamedTensors | dict[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype,
           device: torch.device) -> Weights:
-    """Map Hugging Face tensor names to Weights; ModelError names the first missing tensor."""
-    def take(name: str) -> torch.Tensor:
-        t = raw.get(name)
-        if t is None:
-            raise ModelError(f"checkpoint lacks tensor {name!r}")
-        return t.to(device=device, dtype=dtype)
-
-    def maybe(name: str) -> torch.Tensor | None:
-        return take(name) if name in raw else None
-
-    layers = []
+    """Hugging Face-named tensors -> Weights, converted to `dtype` on `device` as each arrives
+    and fused layer by layer; ModelError names the first missing tensor."""
+    items = tensors.items() if isinstance(tensors, dict) else tensors
+    raw: dict[str, torch.Tensor] = {}
+    layers: dict[int, LayerWeights] = {}
+    for name, t in items:
+        raw[name] = t.to(device=device, dtype=dtype)
+        i = _layer_of(name)
+        if i is not None and i not in layers and _layer_complete(raw, i):
+            layers[i] = _layer(raw, i)
     for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        biases = [maybe(a + f"{n}_proj.bias") for n in "qkv"]
-        if any(b is not None for b in biases) and not all(b is not None for b in biases):
-            raise ModelError(f"layer {i}: q/k/v biases must be all present or all absent")
-        qkv_bias = torch.cat(biases) if biases[0] is not None else None  # type: ignore[arg-type]
-        layers.append(LayerWeights(
-            input_norm=take(p + "input_layernorm.weight"),
-            qkv=torch.cat([take(a + f"{n}_proj.weight") for n in "qkv"]),
-            qkv_bias=qkv_bias, o=take(a + "o_proj.weight"), o_bias=maybe(a + "o_proj.bias"),
-            post_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
-            down=take(p + "mlp.down_proj.weight")))
-    embed = take("model.embed_tokens.weight")
-    if "lm_head.weight" in raw:
-        lm_head = take("lm_head.weight")
-    elif cfg.tie_word_embeddings:
+        if i not in layers:
+            layers[i] = _layer(raw, i)
+    embed = raw.pop("model.embed_tokens.weight", None)
+    lm_head = raw.pop("lm_head.weight", None)
+    if embed is None and lm_head is not None and cfg.tie_word_embeddings:
+        embed = lm_head  # a tied model saved under the head's name only
+    if embed is None:
+        raise ModelError("checkpoint lacks tensor 'model.embed_tokens.weight'")
+    if lm_head is None:
+        if not cfg.tie_word_embeddings:
+            raise ModelError("checkpoint lacks 'lm_head.weight' and tie_word_embeddings is false")
         lm_head = embed
-    else:
-        raise ModelError("checkpoint lacks 'lm_head.weight' and tie_word_embeddings is false")
-    w = Weights(embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=lm_head)
+    norm = raw.pop("model.norm.weight", None)
+    if norm is None:
+        raise ModelError("checkpoint lacks tensor 'model.norm.weight'")
+    w = Weights(embed=embed, layers=[layers[i] for i in range(cfg.num_layers)], norm=norm,
+                lm_head=lm_head)
     _check_shapes(w, cfg)
     return w
+
+
+def _layer_of(name: str) -> int | None:
+    if not name.startswith("model.layers."):
+        return None
+    part = name.split(".", 3)[2]
+    return int(part) if part.isdigit() else None
+
+
+_NEEDED = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
+           "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+def _layer_complete(raw: dict[str, torch.Tensor], i: int) -> bool:
+    p = f"model.layers.{i}."
+    if not all(p + n in raw for n in _NEEDED):
+        return False
+    biases = [p + f"self_attn.{n}_proj.bias" in raw for n in "qkv"]
+    return all(biases) or not any(biases)
+
+
+def _layer(raw: dict[str, torch.Tensor], i: int) -> LayerWeights:
+    """Fuse layer i's tensors (removing them from `raw`)."""
+    p = f"model.layers.{i}."
+
+    def take(name: str) -> torch.Tensor:
+        t = raw.pop(p + name, None)
+        if t is None:
+            raise ModelError(f"checkpoint lacks tensor {p + name!r}")
+        return t
+
+    def maybe(name: str) -> torch.Tensor | None:
+        return raw.pop(p + name, None)
+
+    biases = [maybe(f"self_attn.{n}_proj.bias") for n in "qkv"]
+    if any(b is not None for b in biases) and not all(b is not None for b in biases):
+        raise ModelError(f"layer {i}: q/k/v biases must be all present or all absent")
+    qkv_bias = torch.cat(biases) if biases[0] is not None else None  # type: ignore[arg-type]
+    return LayerWeights(
+        input_norm=take("input_layernorm.weight"),
+        qkv=torch.cat([take(f"self_attn.{n}_proj.weight") for n in "qkv"]),
+        qkv_bias=qkv_bias, o=take("self_attn.o_proj.weight"), o_bias=maybe("self_attn.o_proj.bias"),
+        post_norm=take("post_attention_layernorm.weight"),
+        gate_up=torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")]),
+        down=take("mlp.down_proj.weight"))
 
 
 def _check_shapes(w: Weights, cfg: ModelConfig) -> None:

@@ -1,4 +1,5 @@
-"""The Llama-family forward pass over a paged KV cache (our own; no transformers at run time)."""
+"""The decoder layer every family here shares (RMSNorm, GQA attention with RoPE, SiLU-gated MLP),
+over a paged KV cache: our own forward pass, no transformers at run time."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from mooncake_cli.engine.batch import StepBatch
 from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.kvcache import KVCache
+from mooncake_cli.engine.models.attention import attend
 from mooncake_cli.engine.rope import Rope
 from mooncake_cli.engine.weights import LayerWeights, Weights
 
@@ -54,16 +56,5 @@ class Transformer:
         k_pool, v_pool = cache.layer(i)
         k_pool[batch.slot_blocks, :, batch.slot_offsets] = k
         v_pool[batch.slot_blocks, :, batch.slot_offsets] = v.view(t, c.num_kv_heads, d)
-        b, nb = batch.tables.shape
-        flat = batch.tables.reshape(-1)
-        keys = k_pool.index_select(0, flat).view(b, nb, c.num_kv_heads, -1, d)
-        values = v_pool.index_select(0, flat).view(b, nb, c.num_kv_heads, -1, d)
-        keys = keys.transpose(1, 2).reshape(b, c.num_kv_heads, -1, d)
-        values = values.transpose(1, 2).reshape(b, c.num_kv_heads, -1, d)
-        queries = q.new_zeros((b * batch.max_q, c.num_heads, d))
-        queries[batch.pad_index] = q
-        queries = queries.view(b, batch.max_q, c.num_heads, d).transpose(1, 2)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask,
-                                             enable_gqa=c.num_heads != c.num_kv_heads)
-        out = out.transpose(1, 2).reshape(b * batch.max_q, q_size)[batch.pad_index]
+        out = attend(q, k_pool, v_pool, batch).reshape(t, q_size)
         return F.linear(out, w.o, w.o_bias)
