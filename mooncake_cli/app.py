@@ -111,7 +111,15 @@ def root(
 
 
 def _register() -> None:
-    from mooncake_cli.commands import bench, conductor, plugins, store, transfer, workers
+    from mooncake_cli.commands import (
+        bench,
+        conductor,
+        models,
+        plugins,
+        store,
+        transfer,
+        workers,
+    )
     from mooncake_cli.commands.doctor import doctor
 
     app.add_typer(conductor.app, name="conductor")
@@ -122,6 +130,7 @@ def _register() -> None:
     app.add_typer(bench.app, name="bench")
     app.command("doctor")(doctor)
     app.command("plugins")(plugins.plugins)
+    app.add_typer(models.app, name="models")
 
 
 _register()

@@ -1,8 +1,11 @@
-"""Chat prompts: the model's own chat template (tokenizer_config.json), or a plain rendering.
+"""Chat prompts: the model's own chat template, or a plain rendering.
 
-A Hugging Face checkpoint carries its chat template as Jinja in `tokenizer_config.json`
-("chat_template", a string or a list of named templates). It is rendered in Jinja's sandbox with
-`add_generation_prompt=True` and the model's special tokens, and the result is tokenized without
+The template comes with the model (`mooncake_cli.engine.source.ChatSpec`: a GGUF's
+`tokenizer.chat_template`, or a Hugging Face directory's chat_template.jinja, chat_template.json
+or tokenizer_config.json). It is rendered as transformers' `apply_chat_template` renders it: an
+immutable Jinja sandbox with trim_blocks/lstrip_blocks, loop controls, the `{% generation %}`
+tag, a non-escaping `tojson`, `raise_exception` and `strftime_now`, with
+`add_generation_prompt=True` and the model's special tokens. The result is tokenized without
 adding special tokens again (the template writes them). Without a template (the demo models, or
 jinja2 not installed) each message becomes a "role: content" line, then "assistant:".
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +26,6 @@ log = logging.getLogger(__name__)
 
 def plain(messages: Sequence[dict[str, str]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-
-
-def _token(value: Any) -> str:
-    if isinstance(value, dict):  # {"content": "<s>", ...} in older tokenizer configs
-        value = value.get("content", "")
-    return value if isinstance(value, str) else ""
 
 
 class ChatTemplate:
@@ -45,12 +43,21 @@ class ChatTemplate:
                 log.warning("jinja2 is not installed: chat prompts use the plain format "
                             "instead of the model's template (pip install jinja2)")
                 return
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True,
+                extensions=[_generation_tag(), "jinja2.ext.loopcontrols"])
 
             def raise_exception(message: str) -> None:
                 raise TemplateError(message)
 
+            def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None,
+                       separators: Any = None, sort_keys: bool = False) -> str:
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                                  separators=separators, sort_keys=sort_keys)
+
+            env.filters["tojson"] = tojson
             env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             try:
                 self._template = env.from_string(source)
             except TemplateError as e:
@@ -77,19 +84,36 @@ class ChatTemplate:
                             param="messages") from None
 
     @classmethod
+    def from_spec(cls, spec: Any) -> ChatTemplate:
+        """From a model's `ChatSpec` (template source and special tokens)."""
+        return cls(spec.template, spec.bos_token, spec.eos_token)
+
+    @classmethod
     def from_dir(cls, path: Path) -> ChatTemplate:
-        """The template of checkpoint directory `path` (none when it has no tokenizer_config)."""
-        cfg_file = path / "tokenizer_config.json"
-        if not cfg_file.is_file():
-            return cls(None)
+        """The template of checkpoint directory `path`, as transformers 4 and 5 save it."""
+        from mooncake_cli.engine.errors import ModelError
+        from mooncake_cli.engine.source import hf_chat
+
         try:
-            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{cfg_file}: cannot read ({e})") from None
-        source = cfg.get("chat_template")
-        if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-            source = named.get("default") or next(iter(named.values()), None)
-        if not isinstance(source, str):
-            return cls(None)
-        return cls(source, _token(cfg.get("bos_token")), _token(cfg.get("eos_token")))
+            return cls.from_spec(hf_chat(path))
+        except ModelError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _generation_tag() -> Any:
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): the body."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    return Generation

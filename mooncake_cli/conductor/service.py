@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import logging
 
 from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.config import ConductorConfig
@@ -22,39 +22,30 @@ from mooncake_cli.conductor.scheduler import Scheduler, Slo, make_policy
 from mooncake_cli.conductor.state import Cluster
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.jsonhttp import serve
-from mooncake_cli.kvkeys import KVNamespace, model_id_from
+from mooncake_cli.kvkeys import KVNamespace
+
+log = logging.getLogger(__name__)
 
 
 def served_model(cfg: ConductorConfig) -> ServedModel:
-    """Tokenizer, KV namespace and context length of `cfg.model`, without loading weights."""
-    from mooncake_cli.engine import demo
-    from mooncake_cli.engine.config import ModelConfig
+    """Tokenizer, KV namespace, chat template and context length of `cfg.model`, without
+    loading weights (a named model is fetched into the cache first)."""
     from mooncake_cli.engine.errors import ModelError
-    from mooncake_cli.engine.tokenizer import ByteTokenizer, HFTokenizer
+    from mooncake_cli.engine.source import open_source
 
-    tok: ByteTokenizer | HFTokenizer
-    chat = ChatTemplate(None)
     try:
-        if cfg.model in demo.DEMOS:
-            mc, tok, mid = demo.DEMOS[cfg.model], ByteTokenizer(), cfg.model
-        else:
-            path = Path(cfg.model)
-            if not path.is_dir():
-                raise ConfigError(f"model {cfg.model!r}: no such directory (or use a demo: "
-                                  f"{', '.join(demo.DEMOS)})")
-            mc = ModelConfig.from_file(path / "config.json")
-            tok, mid = HFTokenizer(path / "tokenizer.json"), model_id_from(str(path.resolve()))
-            chat = ChatTemplate.from_dir(path)
+        src = open_source(cfg.model, progress=lambda msg: log.info("%s", msg))
     except ModelError as e:
         raise ConfigError(str(e)) from None
+    mc, chat = src.config, ChatTemplate.from_spec(src.chat)
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(cfg.dtype, cfg.dtype)
     try:
-        ns = KVNamespace(mid, dtype, cfg.block_size, mc.num_layers, mc.num_kv_heads,
+        ns = KVNamespace(src.model_id, dtype, cfg.block_size, mc.num_layers, mc.num_kv_heads,
                          mc.head_dim)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return ServedModel(cfg.served_model_name or mid, tok, ns, mc.max_position, chat,
-                       mc.vocab_size)
+    return ServedModel(cfg.served_model_name or src.model_id, src.tokenizer, ns,
+                       mc.max_position, chat, mc.vocab_size)
 
 
 def cost_model(cfg: ConductorConfig, ns: KVNamespace) -> CostModel:

