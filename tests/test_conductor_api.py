@@ -100,7 +100,7 @@ def test_config_errors() -> None:
         ConductorConfig(policy="fastest")
     with pytest.raises(ConfigError, match="ttft_slo"):
         ConductorConfig(ttft_slo=-1)
-    with pytest.raises(ConfigError, match="no such directory"):
+    with pytest.raises(ConfigError, match="no such file or directory"):
         ConductorService(ConductorConfig(model="/nonexistent/model", port=0))
     assert ConductorConfig(prefill="a:1, http://b:2/").prefill == ("http://a:1", "http://b:2")
 

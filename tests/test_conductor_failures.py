@@ -6,41 +6,52 @@ as such; the conductor under test is the real one.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from mooncake_cli import jsonhttp
+from mooncake_cli.asgi import Server, body, edge_app, sse
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
-from mooncake_cli.httpserve import BackgroundHTTPServer
-from mooncake_cli.jsonhttp import JSONHandler, Stream
 from tests.conftest import free_port
 from tests.helpers.prom import value
 
 
-class StandInWorker(JSONHandler):
+def stand_in_worker(app: dict[str, Any]) -> Starlette:
     """A prefill+decode stand-in: prefill answers at once; generate sends `app["events"]` (a
     decode that fails mid-answer). It records the sampling the conductor sent."""
 
-    routes = {("POST", "/v1/prefill"): "prefill", ("POST", "/v1/generate"): "generate"}
+    async def prefill(request: Request) -> JSONResponse:
+        got = json.loads(await body(request))
+        app["sampling"] = got["sampling"]
+        return JSONResponse({"request_id": got["request_id"], "first_token": 65,
+                             "prompt_tokens": len(got["token_ids"]), "cached_tokens": 0,
+                             "stored_keys": []})
 
-    def prefill(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        self.app["sampling"] = body["sampling"]
-        return 200, {"first_token": 65, "prompt_tokens": len(body["token_ids"]),
-                     "cached_tokens": 0, "stored_keys": []}
+    async def generate(request: Request) -> Response:
+        async def events() -> AsyncIterator[dict[str, Any] | str]:
+            for ev in list(app["events"]):
+                yield ev
 
-    def generate(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        return 200, Stream(list(self.app["events"]))
+        return sse(events())
+
+    return edge_app([Route("/v1/prefill", prefill, methods=["POST"]),
+                     Route("/v1/generate", generate, methods=["POST"])])
 
 
 @pytest.fixture
-def stand_in() -> Iterator[tuple[BackgroundHTTPServer, dict[str, Any]]]:
+def stand_in() -> Iterator[tuple[Server, dict[str, Any]]]:
     app: dict[str, Any] = {"events": []}
-    server = jsonhttp.serve(StandInWorker, app, "127.0.0.1", 0, "stand-in").start()
+    server = Server(stand_in_worker(app), "127.0.0.1", 0, "stand-in").start()
     yield server, app
     server.close()
 

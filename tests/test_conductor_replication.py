@@ -4,6 +4,11 @@ instance that fetched them: its cache index then lists that instance as a holder
 
 from __future__ import annotations
 
+import pytest
+
+from mooncake_cli.api.errors import ServingError
+from mooncake_cli.api.roles import PrefillAnswer
+from mooncake_cli.api.schema import validate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live import Conductor, ServedModel
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
@@ -29,16 +34,17 @@ def test_replicated_keys_make_the_fetching_instance_a_holder() -> None:
     keys = [f"k{i}" for i in range(4)]
     cluster.index.store("p1", keys)
     decision = conductor.scheduler.schedule(Request("r1", 4 * BS + 5, 2, keys), 0.0)
-    answer = {"prompt_tokens": 4 * BS + 5, "cached_tokens": 3 * BS, "stored_keys": [],
-              "replicated_keys": keys[:3]}
-    conductor.bookings.learn("p2", keys, answer, decision)
+    answer = {"request_id": "r1", "first_token": 1, "prompt_tokens": 4 * BS + 5,
+              "cached_tokens": 3 * BS, "stored_keys": [], "replicated_keys": keys[:3]}
+    conductor.bookings.learn("p2", keys, validate(PrefillAnswer, answer), decision)
     assert cluster.index.holders("k0") == {"p1", "p2"}
     assert cluster.index.holders("k3") == {"p1"}
     assert cluster.index.prefix_len("p2", keys) == 3
     assert conductor.metrics.counters["blocks_replicated_total"] == 3
     text = conductor.metrics.render([])
     assert value(text, "mooncake_conductor_blocks_replicated_total") == 3
-    conductor.bookings.learn("p2", keys, answer | {"replicated_keys": "k3"}, decision)  # malformed
+    with pytest.raises(ServingError, match="replicated_keys"):  # a malformed answer
+        validate(PrefillAnswer, answer | {"replicated_keys": "k3"})
     assert cluster.index.holders("k3") == {"p1"}
     assert conductor.metrics.counters["blocks_replicated_total"] == 3
     conductor.close()

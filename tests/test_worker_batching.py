@@ -49,10 +49,11 @@ def test_concurrent_requests_equal_their_single_outputs(
     assert [len(a) for a in alone] == lengths
     steps_before = decode.metrics.steps()
     together: list[list[int]] = [[] for _ in lengths]
+    all_prefilled = threading.Barrier(len(lengths))  # then all decode at once
 
     def run(i: int) -> None:
         together[i] = complete(prefill.url, decode.url, f"together-{i}", prompts()[i],
-                               sampling[i])[1]
+                               sampling[i], between=lambda: all_prefilled.wait(60))[1]
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(lengths))]
     for t in threads:

@@ -19,7 +19,7 @@ runner = CliRunner()
     ("decode", ["--kv-blocks", "0"], "kv_blocks must be >= 1"),
     ("prefill", ["--conductor", "localhost:9000"], "use http://HOST:PORT"),
     ("decode", ["--heartbeat", "0"], "heartbeat must be > 0"),
-    ("prefill", ["--model", "/nonexistent/model"], "no such directory"),
+    ("prefill", ["--model", "/nonexistent/model"], "no such file or directory"),
     ("decode", ["--dtype", "int8"], "use one of"),
 ])
 def test_bad_settings_exit_2(role: str, args: list[str], message: str) -> None:

@@ -1,16 +1,23 @@
 """Error paths of the workers in this process (demo model, no store): bad sampling values are
 400s that give back the reserved KV blocks, a request that can never fit the decode worker is
-told so (413 there, code decode_too_large at the prefill), a malformed reservation answer is
+told so (413 and code decode_too_large there and at the prefill), a malformed reservation answer is
 refused and released, metrics print exact integers."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from mooncake_cli.jsonhttp import JSONHandler, call, serve
+from mooncake_cli.asgi import Server, body, edge_app
+from mooncake_cli.jsonhttp import call
 from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.metrics import WorkerMetrics
@@ -69,31 +76,34 @@ def test_a_request_that_never_fits_the_decode_worker_is_told_so(
     answer = call(prefill.url + "/v1/prefill", {
         "request_id": "big", "token_ids": PROMPT, "decode": decode.url,
         "sampling": {"max_tokens": BLOCKS * 8}})
-    assert answer.status == 400, answer.body
+    assert answer.status == 413, answer.body  # one code, one status, at every hop
     assert answer.body["error"]["code"] == "decode_too_large"
     assert decode.load()["free_blocks"] == BLOCKS
 
 
-class _ShortReservations(JSONHandler):
+def short_reservations(decode_url: str) -> Starlette:
     """A proxy in front of a real decode worker that drops one block of every reservation."""
 
-    routes = {("POST", "/v1/kv/reserve"): "reserve", ("POST", "/v1/kv/release"): "release"}
-
-    def reserve(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        got = call(self.app + "/v1/kv/reserve", body)
+    async def reserve(request: Request) -> JSONResponse:
+        got = await asyncio.to_thread(call, decode_url + "/v1/kv/reserve",
+                                      json.loads(await body(request)))
         if got.status == 200:
             got.body["block_ids"] = got.body["block_ids"][:-1]
-        return got.status, got.body
+        return JSONResponse(got.body, got.status)
 
-    def release(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        got = call(self.app + "/v1/kv/release", body)
-        return got.status, got.body
+    async def release(request: Request) -> JSONResponse:
+        got = await asyncio.to_thread(call, decode_url + "/v1/kv/release",
+                                      json.loads(await body(request)))
+        return JSONResponse(got.body, got.status)
+
+    return edge_app([Route("/v1/kv/reserve", reserve, methods=["POST"]),
+                     Route("/v1/kv/release", release, methods=["POST"])])
 
 
 def test_a_reservation_of_the_wrong_size_is_refused_and_released(
         workers: tuple[PrefillWorker, DecodeWorker]) -> None:
     prefill, decode = workers
-    proxy = serve(_ShortReservations, decode.url, "127.0.0.1", 0, "short-decode").start()
+    proxy = Server(short_reservations(decode.url), "127.0.0.1", 0, "short-decode").start()
     try:
         answer = call(prefill.url + "/v1/prefill", {
             "request_id": "short", "token_ids": PROMPT,

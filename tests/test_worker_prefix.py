@@ -5,12 +5,18 @@ that vanishes after reserving fails the request clearly while the worker keeps s
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from mooncake_cli.jsonhttp import JSONHandler, call, serve
+from mooncake_cli.asgi import Server, body, edge_app
+from mooncake_cli.jsonhttp import call
 from mooncake_cli.kvkeys import block_keys
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.service import MasterService
@@ -82,26 +88,28 @@ def test_block_removed_between_lookup_and_load(worker: PrefillWorker,
     assert raced["first_token"] == cold["first_token"]
 
 
-class _VanishedDecode(JSONHandler):
+def vanished_decode(state: dict[str, Any]) -> Starlette:
     """A decode worker that reserved blocks and then died: its transfer engine is gone."""
 
-    routes = {("POST", "/v1/kv/reserve"): "reserve", ("POST", "/v1/kv/release"): "release"}
+    async def reserve(request: Request) -> JSONResponse:
+        got = json.loads(await body(request))
+        dead = f"127.0.0.1:{state['port']}"
+        blocks = -(-got["num_tokens"] // BS)  # what a real one reserves
+        return JSONResponse({"segment": dead, "engine": dead, "block_ids": list(range(blocks)),
+                             "block_bytes": state["block_bytes"], "base": 0})
 
-    def reserve(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        dead = f"127.0.0.1:{self.app['port']}"
-        blocks = -(-body["num_tokens"] // BS)  # what a real one reserves
-        return 200, {"segment": dead, "engine": dead, "block_ids": list(range(blocks)),
-                     "block_bytes": self.app["block_bytes"], "base": 0}
+    async def release(request: Request) -> JSONResponse:
+        state["released"].append(json.loads(await body(request))["request_id"])
+        return JSONResponse({})
 
-    def release(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        self.app["released"].append(body["request_id"])
-        return 200, {}
+    return edge_app([Route("/v1/kv/reserve", reserve, methods=["POST"]),
+                     Route("/v1/kv/release", release, methods=["POST"])])
 
 
 def test_decode_gone_while_streaming_fails_clearly(worker: PrefillWorker) -> None:
     state: dict[str, Any] = {"port": free_port(), "block_bytes": worker.ns.block_bytes,
                              "released": []}
-    server = serve(_VanishedDecode, state, "127.0.0.1", 0, "vanished-decode").start()
+    server = Server(vanished_decode(state), "127.0.0.1", 0, "vanished-decode").start()
     try:
         answer = prefill(worker, "doomed", prompt(5 * BS, 4), f"http://127.0.0.1:{server.port}")
     finally:

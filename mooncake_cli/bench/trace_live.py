@@ -103,7 +103,7 @@ def _send(url: str, model: str, prompt: list[int], max_tokens: int,
                 out.gaps.append(now - last)
             last = now
         out.status = 200 if not out.error else 500
-    except jsonhttp.HTTPError as e:
+    except jsonhttp.PeerError as e:
         out.status, out.error = e.status, str(e)
     except OSError as e:
         out.status, out.error = 0, str(e)

@@ -10,15 +10,15 @@ import json
 import math
 import threading
 import time
-from typing import Any
 
+from mooncake_cli.api.errors import ErrorCode, ServingError
+from mooncake_cli.api.roles import PrefillAnswer
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.jsonhttp import HTTPError
 
 
 class Bookings:
@@ -42,19 +42,17 @@ class Bookings:
                                                    explain=self._explain is not None)
             except ConfigError as e:  # no live prefill instance
                 self.metrics.add("errors_total")
-                raise HTTPError(503, str(e), kind="server_error",
-                                headers={"Retry-After": "1"}) from None
+                raise ServingError(ErrorCode.NO_INSTANCE, str(e), retry_after=1) from None
             self._log(decision)
             if decision.too_large:
-                raise HTTPError(400, f"the request does not fit this cluster: "
-                                     f"{decision.reason}; shorten the prompt or max_tokens",
-                                param=param, code="context_length_exceeded")
+                raise ServingError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, f"the request does not "
+                                   f"fit this cluster: {decision.reason}; shorten the prompt "
+                                   "or max_tokens", param)
             if not decision.admitted:
                 self.metrics.add("rejected_total")
                 retry = decision.retry_after_s or 1.0
-                raise HTTPError(429, f"cannot meet the SLO: {decision.reason}",
-                                kind="rate_limit_exceeded", code="slo",
-                                headers={"Retry-After": str(max(1, math.ceil(retry)))})
+                raise ServingError(ErrorCode.SLO, f"cannot meet the SLO: {decision.reason}",
+                                   retry_after=max(1, math.ceil(retry)))
             self.scheduler.commit(decision, sreq, now)
             chosen = decision.placement.chosen
             for name in (chosen.instance, *chosen.stages):
@@ -83,9 +81,9 @@ class Bookings:
                 dec.context_tokens = max(0, dec.context_tokens - sreq.input_tokens -
                                          sreq.output_tokens)
 
-    def learn(self, pname: str, keys: list[str], body: dict[str, Any],
+    def learn(self, pname: str, keys: list[str], answer: PrefillAnswer,
               decision: Decision, block_bytes: int = 0) -> None:
-        prompt, cached = int(body.get("prompt_tokens", 0)), int(body.get("cached_tokens", 0))
+        prompt, cached = answer.prompt_tokens, answer.cached_tokens
         self.metrics.add("prompt_tokens_total", prompt)
         self.metrics.add("prefix_hit_tokens_total", cached)
         fetched = decision.placement.chosen.fetch_blocks
@@ -95,21 +93,18 @@ class Bookings:
         if decision.decode is not None:  # the prompt's KV goes from prefill to decode
             self.metrics.moved("stream", -(-prompt // max(1, self.instances.block_size))
                                * block_bytes)
-        stored = body.get("stored_keys")
-        copied = body.get("replicated_keys")  # fetched blocks that gained a replica there
-        copied = [k for k in copied if isinstance(k, str)] if isinstance(copied, list) else []
+        copied = answer.replicated_keys  # fetched blocks that gained a replica there
         self.metrics.add("blocks_replicated_total", len(copied))
         with self.instances.lock:  # what the instance holds now: what it had, what it stored
             index = self.scheduler.cluster.index
             index.touch(pname, keys[:decision.placement.chosen.local_blocks])
-            evicted = index.store(pname, stored if isinstance(stored, list) else [])
+            evicted = index.store(pname, answer.stored_keys)
             evicted += index.store(pname, copied)
         if evicted:
             self.metrics.add("evicted_blocks_total", len(evicted))
         model = self.scheduler.cluster.model
         if isinstance(model, OnlineCostModel):
-            compute = float(body.get("timing", {}).get("compute", 0.0))
-            model.observe_prefill(prompt - cached, compute)
+            model.observe_prefill(prompt - cached, answer.timing.compute)
 
     def _log(self, decision: Decision) -> None:
         if self._explain is not None:

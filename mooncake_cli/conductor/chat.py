@@ -78,10 +78,10 @@ class ChatTemplate:
                                              add_generation_prompt=True,
                                              bos_token=self._bos, eos_token=self._eos))
         except TemplateError as e:  # e.g. a template that refuses a role order
-            from mooncake_cli.jsonhttp import HTTPError
+            from mooncake_cli.api.errors import bad
 
-            raise HTTPError(400, f"the model's chat template refused the messages: {e}",
-                            param="messages") from None
+            raise bad(f"the model's chat template refused the messages: {e}",
+                      "messages") from None
 
     @classmethod
     def from_spec(cls, spec: Any) -> ChatTemplate:

@@ -65,6 +65,8 @@ class ConductorConfig:
     explain: str = ""  # JSONL file of every scheduling decision; "" for none
     bandwidth: float = 1e9  # bytes/s between instances, for fetch estimates (online model)
     registry: str = ""  # etcd://HOST:PORT[,...][/CLUSTER]: also take workers registered there
+    max_connections: int = 16384  # HTTP connections (and requests) at once; 503 beyond
+    idle_timeout: float = 15.0  # seconds a keep-alive client connection may sit idle
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill", _urls(self.prefill, "prefill"))

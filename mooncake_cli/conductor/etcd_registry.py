@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mooncake_cli.api.errors import ServingError
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.etcd import EtcdClients, EtcdUrl
 from mooncake_cli.interfaces import MetadataError
@@ -133,7 +134,7 @@ class EtcdPoller:
                 if not isinstance(body, dict):
                     raise ValueError(f"a registration must be a JSON object, not {body!r:.80}")
                 now.add(self.instances.register(body).name)
-            except (ValueError, TypeError, AttributeError) as e:
+            except (ValueError, TypeError, AttributeError, ServingError) as e:
                 log.warning("ignoring a bad registration in etcd: %s", e)
         for gone in self._seen - now:
             self.instances.deregister(gone)

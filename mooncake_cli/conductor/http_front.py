@@ -10,74 +10,66 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from mooncake_cli.conductor import openai_api as oa
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from mooncake_cli.api import openai as oa
+from mooncake_cli.api import roles
+from mooncake_cli.api.schema import parse
+from mooncake_cli.asgi import body, sse, text_response
 from mooncake_cli.conductor.live import Conductor
-from mooncake_cli.jsonhttp import HTTPError, JSONHandler, Stream
 
 
-class ConductorHandler(JSONHandler):
-    routes = {
-        ("POST", "/v1/completions"): "completions",
-        ("POST", "/v1/chat/completions"): "chat",
-        ("GET", "/v1/models"): "models",
-        ("GET", "/v1/instances"): "list_instances",
-        ("POST", "/v1/instances/register"): "register",
-        ("POST", "/v1/instances/deregister"): "deregister",
-        ("GET", "/health"): "health",
-        ("GET", "/metrics"): "metrics",
-    }
+def routes(conductor: Conductor) -> list[Route]:
+    c = conductor
 
-    @property
-    def conductor(self) -> Conductor:
-        conductor: Conductor = self.app
-        return conductor
-
-    def _answer(self, req: oa.Completion) -> tuple[int, Any]:
-        result = self.conductor.complete(req)
+    async def answer(req: oa.Completion) -> Response:
+        result = await c.complete(req)
         if isinstance(result, dict):
-            return 200, result
-        return 200, Stream(result)
+            return JSONResponse(result)
+        return sse(result)
 
-    def completions(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        return self._answer(oa.parse_completion(body))
+    async def completions(request: Request) -> Response:
+        return await answer(oa.parse_completion(await body(request)))
 
-    def chat(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        return self._answer(oa.parse_chat(body))
+    async def chat(request: Request) -> Response:
+        return await answer(oa.parse_chat(await body(request)))
 
-    def models(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        name = self.conductor.model.name
-        return 200, {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "mooncake",
-             "max_model_len": self.conductor.model.max_context}]}
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": c.model.name, "object": "model", "created": 0, "owned_by": "mooncake",
+             "max_model_len": c.model.max_context}]})
 
-    def list_instances(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        c = self.conductor
-        return 200, {"policy": c.scheduler.policy.name,
-                     "cost_model": getattr(c.scheduler.cluster.model, "name", ""),
-                     "instances": c.instances.snapshot()}
+    async def list_instances(request: Request) -> Response:
+        return JSONResponse({"policy": c.scheduler.policy.name,
+                             "cost_model": getattr(c.scheduler.cluster.model, "name", ""),
+                             "instances": c.instances.snapshot()})
 
-    def register(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        try:
-            inst = self.conductor.instances.register(body)
-        except (ValueError, TypeError) as e:
-            raise HTTPError(400, str(e)) from None
-        return 200, {"registered": inst.name, "ttl": self.conductor.instances.ttl}
+    async def register(request: Request) -> Response:
+        inst = c.instances.register(parse(roles.Registration, await body(request)))
+        return JSONResponse({"registered": inst.name, "ttl": c.instances.ttl})
 
-    def deregister(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        name = body.get("name")
-        if not isinstance(name, str):
-            raise HTTPError(400, "deregistration needs a 'name'", param="name")
-        return 200, {"deregistered": self.conductor.instances.deregister(name)}
+    async def deregister(request: Request) -> Response:
+        leaving = parse(roles.Deregistration, await body(request))
+        return JSONResponse({"deregistered": c.instances.deregister(leaving.name)})
 
-    def health(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        snap = self.conductor.instances.snapshot()
+    async def health(request: Request) -> Response:
+        snap = c.instances.snapshot()
         alive = {r: sum(1 for i in snap if i["role"] == r and i["alive"])
                  for r in ("prefill", "decode")}
         ok = all(alive.values())
-        return (200 if ok else 503), {"status": "ok" if ok else "degraded",
-                                      "alive": alive, "time": time.time()}
+        return JSONResponse({"status": "ok" if ok else "degraded", "alive": alive,
+                             "time": time.time()}, 200 if ok else 503)
 
-    def metrics(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        return 200, self.conductor.metrics.render(self.conductor.instances.snapshot())
+    async def metrics(request: Request) -> Response:
+        return text_response(c.metrics.render(c.instances.snapshot()))
+
+    post = ["POST"]
+    return [Route("/v1/completions", completions, methods=post),
+            Route("/v1/chat/completions", chat, methods=post),
+            Route("/v1/models", models), Route("/v1/instances", list_instances),
+            Route("/v1/instances/register", register, methods=post),
+            Route("/v1/instances/deregister", deregister, methods=post),
+            Route("/health", health), Route("/metrics", metrics)]

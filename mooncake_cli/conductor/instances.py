@@ -10,7 +10,6 @@ again, so it comes back when it answers.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import urllib.parse
@@ -19,7 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mooncake_cli import jsonhttp
-from mooncake_cli.conductor.state import ROLES, Cluster
+from mooncake_cli.api.errors import ServingError, bad
+from mooncake_cli.api.roles import Registration
+from mooncake_cli.api.schema import validate
+from mooncake_cli.conductor.state import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +56,20 @@ class Instances:
         self._by_name: dict[str, Instance] = {}
         self._on_decode_step = on_decode_step
 
-    def register(self, body: dict[str, Any], static: bool = False) -> Instance:
-        """Add or refresh an instance from a registration body / a polled /health + load."""
-        name, role, url = body.get("name"), body.get("role"), body.get("url")
-        if not isinstance(name, str) or not name or role not in ROLES or \
-                not isinstance(url, str) or not url.startswith("http://"):
-            raise ValueError("registration needs 'name', 'role' (prefill or decode) and an "
-                             "http:// 'url'")
-        url = url.rstrip("/")
-        _, port, _ = jsonhttp._split(url)  # ValueError: not http://HOST:PORT
-        if urllib.parse.urlsplit(url).port is None or port < 1:
-            raise ValueError(f"the 'url' {url!r} needs a port: http://HOST:PORT")
-        raw_load = body.get("load")
-        load: dict[str, Any] = raw_load if isinstance(raw_load, dict) else {}
-        _check_load(load)
+    def register(self, reg: Registration | dict[str, Any], static: bool = False) -> Instance:
+        """Add or refresh an instance from a registration (or a polled /health + load);
+        ServingError 400 for a bad one, before anything changes."""
+        if not isinstance(reg, Registration):
+            reg = validate(Registration, reg)
+        name, role, url = reg.name, reg.role, reg.url.rstrip("/")
+        try:
+            _, port, _ = jsonhttp.split(url)
+            if not url.startswith("http://") or urllib.parse.urlsplit(url).port is None or \
+                    port < 1:
+                raise ValueError("no port")
+        except ValueError:
+            raise bad(f"the 'url' {url!r} must be http://HOST:PORT", "url") from None
+        load = reg.load.model_dump(exclude_unset=True)
         with self.lock:
             inst = self._by_name.get(name)
             if inst is None or inst.role != role:
@@ -138,25 +140,6 @@ class Instances:
                                                    key=lambda i: (i.role, i.name))]
 
 
-LOAD_COUNTS = ("total_blocks", "free_blocks", "running", "waiting")
-
-
-def _check_load(load: dict[str, Any]) -> None:
-    """ValueError unless the load's counts are integers >= 0 (free <= total) and its step
-    time a finite number >= 0: checked before the registry changes."""
-    for key in LOAD_COUNTS:
-        v = load.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise ValueError(f"load.{key} must be an integer >= 0, not {v!r}")
-    total, free = load.get("total_blocks"), load.get("free_blocks")
-    if isinstance(total, int) and isinstance(free, int) and total and free > total:
-        raise ValueError(f"load.free_blocks {free} is over load.total_blocks {total}")
-    step = load.get("recent_step_s")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or
-                             not math.isfinite(step) or step < 0):
-        raise ValueError(f"load.recent_step_s must be a number of seconds >= 0, not {step!r}")
-
-
 def poll(url: str, timeout: float = 2.0) -> dict[str, Any]:
     """A static worker's registration body, read from its /health and /v1/load."""
     health = jsonhttp.call(url + "/health", timeout=timeout)
@@ -184,7 +167,7 @@ class Poller:
         for url in self.urls:
             try:
                 self.instances.register(poll(url, timeout=self.interval * 2), static=True)
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, ServingError) as e:
                 log.debug("poll %s: %s", url, e)
         self.instances.expire()
 

@@ -10,25 +10,27 @@ fails mid-answer turns into 503 (or an error event in a stream), never a finishe
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import logging
 import math
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mooncake_cli import jsonhttp
+from mooncake_cli.api import openai as oa
+from mooncake_cli.api import roles
+from mooncake_cli.api.errors import ErrorCode, ServingError, peer_code
+from mooncake_cli.api.schema import validate
 from mooncake_cli.conductor import answers
-from mooncake_cli.conductor import openai_api as oa
 from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.state import Request
-from mooncake_cli.jsonhttp import HTTPError
+from mooncake_cli.jsonhttp import AsyncPeer, PeerError
 from mooncake_cli.kvkeys import KVNamespace, block_keys
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,13 @@ class Placed:
     decision: Decision
     prefill_url: str
     decode_url: str
-    answer: dict[str, Any]
+    answer: roles.PrefillAnswer
 
 
 class Conductor:
+    """The request flow; `complete` runs on the HTTP event loop, talking to the workers through
+    one pooled async client (`peer`, made in that loop)."""
+
     def __init__(self, model: ServedModel, scheduler: Scheduler, instances: Instances,
                  metrics: ConductorMetrics, retries: int = 2, timeout: float = 300.0,
                  explain_path: str = "") -> None:
@@ -72,59 +77,65 @@ class Conductor:
         self.retries = retries
         self.timeout = timeout
         self.bookings = Bookings(scheduler, instances, metrics, explain_path)
+        self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
+
+    @property
+    def peer(self) -> AsyncPeer:
+        """The pooled client of the running event loop (a client is bound to its loop)."""
+        loop = asyncio.get_running_loop()
+        peer = self._peers.get(loop)
+        if peer is None:
+            peer = self._peers[loop] = AsyncPeer()
+        return peer
 
     # -- request path ---------------------------------------------------------------------
     def tokens(self, req: oa.Completion) -> list[int]:
         if req.token_ids is not None:
             vocab = self.model.vocab_size
             if vocab is not None and any(t >= vocab for t in req.token_ids):
-                raise HTTPError(400, f"token ids must be below the vocabulary size {vocab}",
-                                param="prompt")
+                raise ServingError(ErrorCode.INVALID_REQUEST, f"token ids must be below the "
+                                   f"vocabulary size {vocab}", "prompt")
             return list(req.token_ids)
         ids = self.model.chat_tokens(req.messages) if req.chat else \
             list(self.model.tokenizer.encode(req.prompt or ""))
         if not ids:
-            raise HTTPError(400, "the prompt is empty", param="prompt")
+            raise ServingError(ErrorCode.INVALID_REQUEST, "the prompt is empty", "prompt")
         return ids
 
-    def complete(self, req: oa.Completion) -> dict[str, Any] | Iterator[dict[str, Any] | str]:
+    async def complete(self, req: oa.Completion
+                       ) -> dict[str, Any] | AsyncIterator[dict[str, Any] | str]:
         """The answer object, or (stream=true) an iterator of SSE events ending in [DONE]."""
         if req.model != self.model.name:
-            raise HTTPError(404, f"the model '{req.model}' does not exist; this conductor "
-                                 f"serves '{self.model.name}'", kind="invalid_request_error",
-                            param="model", code="model_not_found")
-        if req.sampling.max_tokens is not None and req.sampling.max_tokens < 1:
-            raise HTTPError(400, "max_tokens must be >= 1", param="max_tokens")
+            raise ServingError(ErrorCode.MODEL_NOT_FOUND, f"the model '{req.model}' does not "
+                               f"exist; this conductor serves '{self.model.name}'", "model")
         ids = self.tokens(req)
         with self.instances.lock:
             room = self.scheduler.decode_capacity()
         req = oa.fit_output(req, len(ids), min(self.model.max_context, room or math.inf))
-        assert req.sampling.max_tokens is not None
         if len(ids) + req.sampling.max_tokens > self.model.max_context:
-            raise HTTPError(400, f"this model's maximum context length is "
-                                 f"{self.model.max_context} tokens; the prompt has {len(ids)} "
-                                 f"and max_tokens asks for {req.sampling.max_tokens}",
-                            param="messages" if req.chat else "prompt",
-                            code="context_length_exceeded")
+            raise ServingError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, f"this model's maximum "
+                               f"context length is {self.model.max_context} tokens; the prompt "
+                               f"has {len(ids)} and max_tokens asks for "
+                               f"{req.sampling.max_tokens}", "messages" if req.chat else "prompt")
         start = time.monotonic()
         rid = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
         self.metrics.add("requests_total")
-        placed = self._place(rid, ids, req)
+        placed = await self._place(rid, ids, req)
         tokens = self._decode(placed, rid, ids, req)
-        cached = int(placed.answer.get("cached_tokens", 0) or 0)
+        cached = placed.answer.cached_tokens
         if req.stream:
             return answers.sse(req, rid, tokens, start, self.metrics, len(ids), cached)
-        return answers.collect(req, rid, tokens, start, self.metrics, len(ids), cached)
+        return await answers.collect(req, rid, tokens, start, self.metrics, len(ids), cached)
 
-    def _place(self, rid: str, ids: list[int], req: oa.Completion) -> Placed:
+    async def _place(self, rid: str, ids: list[int], req: oa.Completion) -> Placed:
         keys = block_keys(ids, self.model.ns)
-        sreq = Request(rid, len(ids), req.sampling.max_tokens or 0, keys)
+        sreq = Request(rid, len(ids), req.sampling.max_tokens, keys)
         param = "messages" if req.chat else "prompt"
         tried: list[str] = []
         for _attempt in range(self.retries + 1):
             decision = self.bookings.decide(sreq, param)
             try:  # whatever happens, the booking does not outlive this attempt
-                ans, purl, durl = self._prefill(decision, rid, ids, req, tried)
+                ans, purl, durl = await self._prefill(decision, rid, ids, req, tried)
             except BaseException:
                 self.bookings.unbook(decision, sreq)
                 raise
@@ -134,43 +145,46 @@ class Conductor:
                 continue
             pname, dname = decision.prefill, decision.decode or ""
             if ans.status != 200:
-                raw = ans.body.get("error")
-                err: dict[str, Any] = raw if isinstance(raw, dict) else {}
-                msg, code = err.get("message", str(ans.body)), err.get("code")
-                if code == "decode_unreachable":  # the decode worker died: place it again
+                msg, code = peer_code(ans.body)
+                if code is ErrorCode.DECODE_UNREACHABLE:  # the decode worker died: again
                     self.instances.mark_dead(dname, msg)
                     self.metrics.add("rerouted_total")
                     tried.append(dname)
                     continue
-                if code == "decode_too_large":  # it can never fit there
-                    raise HTTPError(400, f"the request does not fit decode instance "
-                                         f"{dname}: {msg}", param=param,
-                                    code="context_length_exceeded")
-                if code == "decode_full":  # no KV room left on the decode side: come back
-                    self.metrics.add("rejected_total")
-                    retry = max(1, math.ceil(self.scheduler.decode_retry()))
-                    raise HTTPError(429, f"decode instance {dname} has no KV room: {msg}",
-                                    kind="rate_limit_exceeded", code="decode_full",
-                                    headers={"Retry-After": str(retry)})
-                raise HTTPError(503 if ans.status >= 500 else ans.status,
-                                f"prefill on {pname} failed: {msg}", kind="server_error")
+                raise self._prefill_refused(pname, dname, msg, code, ans.status, param)
             try:
-                self.bookings.learn(pname, keys, ans.body, decision, self.model.ns.block_bytes)
-            except (ValueError, TypeError, AttributeError) as e:  # a malformed answer
+                answer = validate(roles.PrefillAnswer, ans.body)
+                self.bookings.learn(pname, keys, answer, decision, self.model.ns.block_bytes)
+            except ServingError as e:  # a malformed answer
                 self.bookings.release_decode(decision.decode, sreq)
-                raise HTTPError(502, f"prefill on {pname} answered a malformed body: {e}",
-                                kind="server_error") from None
-            return Placed(decision, purl, durl, ans.body)
-        raise HTTPError(503, f"no instance could take the request (tried "
-                             f"{', '.join(tried)})", kind="server_error")
+                raise ServingError(ErrorCode.UPSTREAM_MALFORMED, f"prefill on {pname} "
+                                   f"answered a malformed body: {e}") from None
+            return Placed(decision, purl, durl, answer)
+        raise ServingError(ErrorCode.UPSTREAM_FAILED, f"no instance could take the request "
+                           f"(tried {', '.join(tried)})")
 
-    def _prefill(self, decision: Decision, rid: str, ids: list[int], req: oa.Completion,
-                 tried: list[str]) -> tuple[jsonhttp.Answer | None, str, str]:
+    def _prefill_refused(self, pname: str, dname: str, msg: str, code: ErrorCode | None,
+                         status: int, param: str) -> ServingError:
+        """What the client is told when the prefill instance refused or failed the request."""
+        if code is ErrorCode.DECODE_TOO_LARGE:  # it can never fit there
+            return ServingError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, f"the request does not "
+                                f"fit decode instance {dname}: {msg}", param)
+        if code is ErrorCode.DECODE_FULL:  # no KV room left on the decode side: come back
+            self.metrics.add("rejected_total")
+            retry = max(1, math.ceil(self.scheduler.decode_retry()))
+            return ServingError(ErrorCode.DECODE_FULL, f"decode instance {dname} has no KV "
+                                f"room: {msg}", retry_after=retry)
+        if code is not None and status < 500:  # the request itself was refused
+            return ServingError(code, f"prefill on {pname} refused the request: {msg}")
+        return ServingError(ErrorCode.UPSTREAM_FAILED, f"prefill on {pname} failed: {msg}")
+
+    async def _prefill(self, decision: Decision, rid: str, ids: list[int], req: oa.Completion,
+                       tried: list[str]) -> tuple[Any, str, str]:
         """Run the prefill of `decision`: its answer, or None when the prefill instance failed
         (marked dead) or either instance left the registry meanwhile."""
         pname, dname = decision.prefill, decision.decode
         if dname is None:
-            raise HTTPError(503, "no live decode instance", kind="server_error")
+            raise ServingError(ErrorCode.NO_INSTANCE, "no live decode instance")
         try:
             purl = self.instances.url(pname)
         except KeyError:
@@ -182,46 +196,54 @@ class Conductor:
             tried.append(dname)
             return None, purl, ""
         chosen = decision.placement.chosen
-        body = {"request_id": rid, "token_ids": ids, "decode": durl,
-                "sampling": self._sampling(req),
-                # reuse only what the instance holds, unless the policy chose to fetch
-                "reuse": "any" if chosen.fetch_blocks > chosen.local_blocks else "local"}
+        body = roles.PrefillRequest(
+            request_id=rid, token_ids=ids, decode=durl, sampling=req.sampling,
+            # reuse only what the instance holds, unless the policy chose to fetch
+            reuse="any" if chosen.fetch_blocks > chosen.local_blocks else "local")
         try:
-            return jsonhttp.call(purl + "/v1/prefill", body, timeout=self.timeout), purl, durl
-        except (OSError, ValueError, http.client.HTTPException) as e:
+            ans = await self.peer.call(purl + "/v1/prefill", body.model_dump(mode="json"),
+                                       timeout_s=self.timeout)
+            return ans, purl, durl
+        except (OSError, ValueError) as e:
             self.instances.mark_dead(pname, f"prefill request failed: {e}")
             self.metrics.add("rerouted_total")
             tried.append(pname)
             return None, purl, durl
 
-    def _decode(self, placed: Placed, rid: str, ids: list[int],
-                req: oa.Completion) -> Iterator[dict[str, Any]]:
-        body = {"request_id": rid, "token_ids": ids, "sampling": self._sampling(req),
-                "first_token": placed.answer.get("first_token")}
-        sreq = Request(rid, len(ids), req.sampling.max_tokens or 0, ())
+    async def _decode(self, placed: Placed, rid: str, ids: list[int],
+                      req: oa.Completion) -> AsyncIterator[dict[str, Any]]:
+        body = roles.GenerateRequest(request_id=rid, token_ids=ids, sampling=req.sampling,
+                                     first_token=placed.answer.first_token)
+        sreq = Request(rid, len(ids), req.sampling.max_tokens, ())
         dname = placed.decision.decode or ""
         try:
-            for ev in jsonhttp.events(placed.decode_url + "/v1/generate", body,
-                                      timeout=self.timeout):
+            async for ev in self.peer.events(placed.decode_url + "/v1/generate",
+                                             body.model_dump(mode="json"),
+                                             timeout_s=self.timeout):
                 if ev.get("error") or ev.get("finish_reason") == "error":
-                    raise HTTPError(503, f"decode worker {dname} failed: "
-                                         f"{ev.get('error') or 'no reason given'}",
-                                    kind="server_error")
+                    raise ServingError(ErrorCode.UPSTREAM_FAILED, f"decode worker {dname} "
+                                       f"failed: {ev.get('error') or 'no reason given'}")
                 yield ev
         except OSError as e:
             self.instances.mark_dead(dname, f"generate failed: {e}")
             self.metrics.add("errors_total")
-            raise HTTPError(503, f"decode worker {dname} failed: {e}",
-                            kind="server_error") from None
-        except HTTPError:
+            raise ServingError(ErrorCode.UPSTREAM_FAILED,
+                               f"decode worker {dname} failed: {e}") from None
+        except PeerError as e:
+            self.metrics.add("errors_total")
+            raise ServingError(ErrorCode.UPSTREAM_FAILED,
+                               f"decode worker {dname} failed: {e.message}") from None
+        except ServingError:
             self.metrics.add("errors_total")
             raise
         finally:
             self.bookings.release_decode(placed.decision.decode, sreq)
 
-    @staticmethod
-    def _sampling(req: oa.Completion) -> dict[str, Any]:
-        return req.sampling.to_json() | {"stop_token_ids": []}
+    async def close_peer(self) -> None:
+        """Close the running loop's pooled client."""
+        peer = self._peers.pop(asyncio.get_running_loop(), None)
+        if peer is not None:
+            await peer.close()
 
     def close(self) -> None:
         self.bookings.close()

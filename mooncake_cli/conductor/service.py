@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 
+from mooncake_cli.asgi import Limits, Server, edge_app
 from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
 from mooncake_cli.conductor.etcd_registry import EtcdPoller
-from mooncake_cli.conductor.http_front import ConductorHandler
+from mooncake_cli.conductor.http_front import routes
 from mooncake_cli.conductor.instances import Instances, Poller
 from mooncake_cli.conductor.live import Conductor, ServedModel
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
@@ -21,7 +22,6 @@ from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.scheduler import Scheduler, Slo, make_policy
 from mooncake_cli.conductor.state import Cluster
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.jsonhttp import serve
 from mooncake_cli.kvkeys import KVNamespace
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,9 @@ class ConductorService:
         self.etcd: EtcdPoller | None = None
         if cfg.registry:
             self.etcd = EtcdPoller(instances, cfg.registry, cfg.poll_interval)
-        self._http = serve(ConductorHandler, self.conductor, cfg.host, cfg.port, "conductor")
+        limits = Limits(max_connections=cfg.max_connections, idle_timeout=cfg.idle_timeout)
+        self.app = edge_app(routes(self.conductor), limits)
+        self._http = Server(self.app, cfg.host, cfg.port, "conductor")
         self.url = f"http://{self._http.host}:{self._http.port}"
 
     def start(self) -> ConductorService:
@@ -85,6 +87,7 @@ class ConductorService:
         return self
 
     def close(self) -> None:
+        self._http.run(self.conductor.close_peer())
         self._http.close()
         self.poller.close()
         if self.etcd is not None:

@@ -41,12 +41,13 @@ class WorkerConfig:
     heartbeat: float = 1.0  # seconds between registrations with the conductor
     drain_timeout: float = 30.0  # seconds in-flight requests may take to finish on shutdown
     max_waiting: int = 256  # requests a worker queues before refusing more (503)
+    max_connections: int = 4096  # HTTP connections (and requests) at once; 503 beyond
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ConfigError(f"role {self.role!r}: use prefill or decode")
         split_listen(self.listen)
-        for name in ("block_size", "kv_blocks", "chunk_size", "max_waiting"):
+        for name in ("block_size", "kv_blocks", "chunk_size", "max_waiting", "max_connections"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.block_size > 4096:

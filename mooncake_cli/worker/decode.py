@@ -7,16 +7,18 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
+from starlette.routing import Route
 
+from mooncake_cli.api import roles
+from mooncake_cli.api.errors import ErrorCode, ServingError, bad
 from mooncake_cli.engine import ModelError, Sequence
-from mooncake_cli.jsonhttp import HTTPError, Stream
-from mooncake_cli.worker import protocol
 from mooncake_cli.worker.admission import Admission
 from mooncake_cli.worker.decode_request import DecodeRequest, Reservation
-from mooncake_cli.worker.http import DecodeHandler
+from mooncake_cli.worker.http import decode_routes
 from mooncake_cli.worker.runtime import WorkerRuntime
 
 log = logging.getLogger("mooncake.worker")
@@ -25,7 +27,9 @@ RESERVATION_TTL = 120.0  # seconds a reservation waits for its /v1/generate befo
 
 class DecodeWorker(WorkerRuntime):
     role = "decode"
-    handler = DecodeHandler
+
+    def routes(self) -> list[Route]:
+        return decode_routes(self)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -50,42 +54,47 @@ class DecodeWorker(WorkerRuntime):
                                          self.model.config.max_position))
 
     # -- reservations ------------------------------------------------------------------------
-    def reserve(self, body: dict[str, Any]) -> dict[str, Any]:
-        rid = protocol.request_id(body)
-        num_tokens = protocol.integer(body, "num_tokens", 1)
-        max_tokens = protocol.integer(body, "max_tokens", 0, default=0)
+    def reserve(self, req: roles.ReserveRequest) -> roles.ReserveAnswer:
+        rid, num_tokens, max_tokens = req.request_id, req.num_tokens, req.max_tokens
         need = self.cache.blocks_for(num_tokens)
         budget = max(need, self._final_blocks(num_tokens, max_tokens))
         if budget > self.cache.num_blocks:  # never fits: 413, unlike a full cache (503)
             self.metrics.add("requests_failed")
-            raise HTTPError(413, f"a request of {num_tokens} + {max_tokens} tokens needs "
-                                 f"{budget} KV blocks; this decode worker has "
-                                 f"{self.cache.num_blocks}", code="decode_too_large")
+            raise ServingError(ErrorCode.DECODE_TOO_LARGE, f"a request of {num_tokens} + "
+                               f"{max_tokens} tokens needs {budget} KV blocks; this decode "
+                               f"worker has {self.cache.num_blocks}")
         with self._cv:
             if rid in self.admission:
-                raise HTTPError(409, f"request {rid!r} already holds KV blocks here")
+                raise ServingError(ErrorCode.CONFLICT,
+                                   f"request {rid!r} already holds KV blocks here")
             if not self.admission.set(rid, budget):
                 self.metrics.add("requests_failed")
-                raise HTTPError(503, f"KV cache full: {budget} blocks wanted, "
-                                     f"{self.admission.committed()} of {self.cache.num_blocks} "
-                                     "committed to running and reserved requests",
-                                kind="unavailable", headers={"Retry-After": "1"})
+                raise ServingError(ErrorCode.KV_FULL, f"KV cache full: {budget} blocks wanted, "
+                                   f"{self.admission.committed()} of {self.cache.num_blocks} "
+                                   "committed to running and reserved requests", retry_after=1)
             blocks = self.cache.allocator.allocate(need)
             self._reserved[rid] = Reservation(rid, blocks, num_tokens)
         assert self.engine is not None
-        return {"segment": self.engine.name, "engine": self.engine.address,
-                "block_ids": blocks, "block_bytes": self.ns.block_bytes,
-                "base": self.pool_region.base}
+        return roles.ReserveAnswer(segment=self.engine.name, engine=self.engine.address,
+                                   block_ids=blocks, block_bytes=self.ns.block_bytes,
+                                   base=self.pool_region.base)
 
-    def release(self, body: dict[str, Any]) -> dict[str, Any]:
-        rid = protocol.request_id(body)
+    def release(self, req: roles.ReleaseRequest) -> roles.ReleaseAnswer:
+        rid = req.request_id
         with self._cv:
             res = self._reserved.pop(rid, None)
             if res is None:
-                raise HTTPError(404, f"no KV reservation for request {rid!r}", kind="not_found")
+                raise ServingError(ErrorCode.NOT_FOUND, f"no KV reservation for request {rid!r}")
             n = len(res.blocks)
             self._free(rid, res.blocks)
-        return {"request_id": rid, "released_blocks": n}
+        return roles.ReleaseAnswer(request_id=rid, released_blocks=n)
+
+    def forget(self, rid: str | None) -> None:
+        """Free the reservation of `rid` (if any): its /v1/generate was refused."""
+        with self._cv:
+            res = self._reserved.pop(rid, None) if rid is not None else None
+            if res is not None:
+                self._free(rid or "", res.blocks)
 
     def _free(self, rid: str, blocks: list[int]) -> None:
         self.cache.allocator.release(list(blocks))
@@ -93,33 +102,32 @@ class DecodeWorker(WorkerRuntime):
         self.admission.remove(rid)
 
     # -- generation --------------------------------------------------------------------------
-    def generate(self, body: dict[str, Any]) -> Stream:
-        rid = protocol.request_id(body)
+    def generate(self, body: roles.GenerateRequest) -> AsyncIterator[dict[str, Any] | str]:
+        """Join the batch (call from the event loop that streams the answer)."""
+        rid = body.request_id
         with self._cv:
             res = self._reserved.pop(rid, None)
         if res is None:
-            raise HTTPError(404, f"no KV reservation for request {rid!r}: reserve blocks with "
-                                 "/v1/kv/reserve and fill them before /v1/generate",
-                            kind="not_found")
+            raise ServingError(ErrorCode.NOT_FOUND, f"no KV reservation for request {rid!r}: "
+                               "reserve blocks with /v1/kv/reserve and fill them before "
+                               "/v1/generate")
         try:  # whatever fails before the request joins the batch gives its blocks back
-            tokens = protocol.token_ids(body.get("token_ids"))
-            first = protocol.integer(body, "first_token", 0)
-            params = protocol.sampling(body)
+            tokens, first, params = list(body.token_ids), body.first_token, body.sampling
             if first >= self.model.config.vocab_size:
-                raise protocol.bad(f"'first_token' must be below the vocabulary size "
-                                   f"{self.model.config.vocab_size}", "first_token")
+                raise bad(f"'first_token' must be below the vocabulary size "
+                          f"{self.model.config.vocab_size}", "first_token")
             if len(tokens) != res.num_tokens:
-                raise protocol.bad(f"{len(tokens)} prompt tokens, but the reservation holds "
-                                   f"the KV of {res.num_tokens}", "token_ids")
+                raise bad(f"{len(tokens)} prompt tokens, but the reservation holds "
+                          f"the KV of {res.num_tokens}", "token_ids")
             try:
                 seq = self.runner.new_sequence(tokens, params)
             except ModelError as e:
-                raise protocol.bad(str(e), "token_ids") from None
+                raise bad(str(e), "token_ids") from None
             budget = max(len(res.blocks), self._final_blocks(len(tokens), params.max_tokens))
             if budget > self.cache.num_blocks:
-                raise HTTPError(413, f"{len(tokens)} + {params.max_tokens} tokens need {budget} "
-                                     f"KV blocks; this decode worker has "
-                                     f"{self.cache.num_blocks}", code="decode_too_large")
+                raise ServingError(ErrorCode.DECODE_TOO_LARGE, f"{len(tokens)} + "
+                                   f"{params.max_tokens} tokens need {budget} KV blocks; this "
+                                   f"decode worker has {self.cache.num_blocks}")
             self.metrics.add("kv_bytes_loaded", len(res.blocks) * self.ns.block_bytes)
             seq.block_table = res.blocks
             seq.num_computed = len(tokens)
@@ -130,17 +138,17 @@ class DecodeWorker(WorkerRuntime):
             with self._cv:
                 self._free(rid, res.blocks)
             self.metrics.add("requests_failed")
-            if isinstance(e, HTTPError):
+            if isinstance(e, ServingError):
                 raise
             log.exception("generate %s failed", rid)
-            raise HTTPError(500, f"generate {rid} failed: {e}", kind="server_error") from None
+            raise ServingError(ErrorCode.INTERNAL, f"generate {rid} failed: {e}") from None
         with self._cv:
             if seq.finished:
                 self._end(req)
             else:
                 self._waiting.append(req)
                 self._cv.notify()
-        return Stream(req.stream(self._wake))
+        return req.stream(self._wake)
 
     def _append(self, seq: Sequence, token: int) -> None:
         """Append the prefill's first token through the sampler, so stop conditions apply and a

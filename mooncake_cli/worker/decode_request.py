@@ -1,10 +1,14 @@
-"""DecodeRequest: one request in a decode worker, and the server-sent events it streams."""
+"""DecodeRequest: one request in a decode worker, and the server-sent events it streams.
+
+Events are made on the decode loop's thread and read by the HTTP event loop that created the
+request: each is handed over with `call_soon_threadsafe`, so no thread waits per stream.
+"""
 
 from __future__ import annotations
 
-import queue
+import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +30,17 @@ class DecodeRequest:
     request_id: str
     seq: Sequence
     budget: int
-    events: queue.SimpleQueue[dict[str, Any] | None] = field(default_factory=queue.SimpleQueue)
+    events: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     cancelled: bool = False
     done: bool = False
     sent_text: str = ""
+
+    def _put(self, event: dict[str, Any] | None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (server shut down): nobody listens
+            self.cancelled = True
 
     def token(self, token: int, decode: Callable[[list[int]], str]) -> None:
         """Queue the event of a new token with the text it adds (held back while the text
@@ -41,7 +52,7 @@ class DecodeRequest:
                                                 not full.endswith("\ufffd")):
             delta = full[len(self.sent_text):]
             self.sent_text = full
-        self.events.put({"token": token, "text": delta})
+        self._put({"token": token, "text": delta})
 
     def finish(self, error: str | None = None) -> None:
         """Queue the final event (unless nobody listens any more) and end the stream."""
@@ -54,13 +65,13 @@ class DecodeRequest:
                 "completion_tokens": len(self.seq.output_ids)}
             if error:
                 final["error"] = error
-            self.events.put(final)
-        self.events.put(None)
+            self._put(final)
+        self._put(None)
 
-    def stream(self, on_cancel: Callable[[], None]) -> Iterator[dict[str, Any] | str]:
+    async def stream(self, on_cancel: Callable[[], None]) -> AsyncIterator[dict[str, Any] | str]:
         """The events until the final one, then `[DONE]`; a client that leaves cancels."""
         try:
-            while (event := self.events.get()) is not None:
+            while (event := await self.events.get()) is not None:
                 yield event
             yield "[DONE]"
         finally:

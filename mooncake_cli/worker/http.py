@@ -1,52 +1,92 @@
-"""The HTTP faces of the workers: routes shared by both roles, and each role's own."""
+"""The HTTP faces of the workers: routes shared by both roles, and each role's own.
+
+    GET  /health, /metrics, /v1/load                 both roles
+    POST /v1/prefill                                 prefill (waits for its turn, async)
+    POST /v1/kv/reserve, /v1/kv/release              decode
+    POST /v1/generate                                decode (server-sent token events)
+
+Bodies are the `mooncake_cli.api.roles` messages; errors leave through `mooncake_cli.asgi`.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mooncake_cli.jsonhttp import HTTPError, JSONHandler
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
+from mooncake_cli.api import roles
+from mooncake_cli.api.errors import ErrorCode, ServingError
+from mooncake_cli.api.schema import parse
+from mooncake_cli.asgi import body, sse, text_response
 
-class WorkerHandler(JSONHandler):
-    """GET /health, /metrics and /v1/load; the app is a WorkerRuntime."""
-
-    routes = {("GET", "/health"): "health", ("GET", "/metrics"): "metrics",
-              ("GET", "/v1/load"): "load"}
-
-    def health(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        return 200, self.app.health()
-
-    def metrics(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        return 200, self.app.metrics.render()
-
-    def load(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        return 200, self.app.load()
-
-    def refuse_when_draining(self) -> None:
-        if self.app.draining.is_set():
-            raise HTTPError(503, f"{self.app.role} worker {self.app.name} is shutting down",
-                            kind="unavailable")
+if TYPE_CHECKING:
+    from mooncake_cli.worker.decode import DecodeWorker
+    from mooncake_cli.worker.prefill import PrefillWorker
+    from mooncake_cli.worker.runtime import WorkerRuntime
 
 
-class PrefillHandler(WorkerHandler):
-    routes = {**WorkerHandler.routes, ("POST", "/v1/prefill"): "prefill"}
-
-    def prefill(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        self.refuse_when_draining()
-        return 200, self.app.prefill(body)
+def _json(message: Any) -> Response:
+    data = message.model_dump(mode="json") if hasattr(message, "model_dump") else message
+    return JSONResponse(data)
 
 
-class DecodeHandler(WorkerHandler):
-    routes = {**WorkerHandler.routes, ("POST", "/v1/kv/reserve"): "reserve",
-              ("POST", "/v1/kv/release"): "release", ("POST", "/v1/generate"): "generate"}
+def _request_id(raw: bytes) -> str | None:
+    """The request id of a body that may be invalid in any other way."""
+    try:
+        return roles.RequestRef.model_validate_json(raw).request_id
+    except ValidationError:
+        return None
 
-    def reserve(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        self.refuse_when_draining()
-        return 200, self.app.reserve(body)
 
-    def release(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        return 200, self.app.release(body)
+def _refuse_when_draining(rt: WorkerRuntime) -> None:
+    if rt.draining.is_set():
+        raise ServingError(ErrorCode.UNAVAILABLE,
+                           f"{rt.role} worker {rt.name} is shutting down")
 
-    def generate(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        self.refuse_when_draining()
-        return 200, self.app.generate(body)
+
+def common_routes(rt: WorkerRuntime) -> list[Route]:
+    async def health(request: Request) -> Response:
+        return _json(rt.health())
+
+    async def metrics(request: Request) -> Response:
+        return text_response(rt.metrics.render())
+
+    async def load(request: Request) -> Response:
+        return _json(rt.load())
+
+    return [Route("/health", health), Route("/metrics", metrics), Route("/v1/load", load)]
+
+
+def prefill_routes(w: PrefillWorker) -> list[Route]:
+    async def prefill(request: Request) -> Response:
+        _refuse_when_draining(w)
+        req = parse(roles.PrefillRequest, await body(request))
+        return _json(await w.prefill(req))
+
+    return [*common_routes(w), Route("/v1/prefill", prefill, methods=["POST"])]
+
+
+def decode_routes(w: DecodeWorker) -> list[Route]:
+    async def reserve(request: Request) -> Response:
+        _refuse_when_draining(w)
+        return _json(w.reserve(parse(roles.ReserveRequest, await body(request))))
+
+    async def release(request: Request) -> Response:
+        return _json(w.release(parse(roles.ReleaseRequest, await body(request))))
+
+    async def generate(request: Request) -> Response:
+        _refuse_when_draining(w)
+        raw = await body(request)
+        try:
+            req = parse(roles.GenerateRequest, raw)
+        except ServingError:  # a request that cannot run gives its reserved blocks back
+            w.forget(_request_id(raw))
+            raise
+        return sse(w.generate(req))
+
+    return [*common_routes(w), Route("/v1/kv/reserve", reserve, methods=["POST"]),
+            Route("/v1/kv/release", release, methods=["POST"]),
+            Route("/v1/generate", generate, methods=["POST"])]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
 
+from mooncake_cli.api import roles
+from mooncake_cli.api.errors import ErrorCode, ServingError, peer_code
+from mooncake_cli.api.schema import validate
 from mooncake_cli.interfaces import TransferError
-from mooncake_cli.jsonhttp import HTTPError, call
+from mooncake_cli.jsonhttp import call
 from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
@@ -32,43 +34,41 @@ class KVStream:
         self.timeout = timeout
         self.bytes_sent = 0
         self._batches: list[Batch] = []
-        body = {"request_id": request_id, "num_tokens": num_tokens, "max_tokens": max_tokens}
+        body = roles.ReserveRequest(request_id=request_id, num_tokens=num_tokens,
+                                    max_tokens=max_tokens).model_dump()
         try:
             answer = call(self.url + "/v1/kv/reserve", body, timeout=timeout)
         except (OSError, ValueError) as e:
-            raise HTTPError(502, f"decode worker {self.url} unreachable: {e}",
-                            kind="upstream_error", code="decode_unreachable") from None
+            raise ServingError(ErrorCode.DECODE_UNREACHABLE,
+                               f"decode worker {self.url} unreachable: {e}") from None
         if answer.status != 200:
-            message = f"decode worker {self.url} refused the KV reservation: " \
-                      f"{_message(answer.body)}"
-            if answer.status == 413:  # can never fit that worker's cache: retrying is useless
-                raise HTTPError(400, message, code="decode_too_large")
-            raise HTTPError(503 if answer.status == 503 else 502, message, kind="upstream_error",
-                            code="decode_full" if answer.status == 503 else "decode_refused")
+            message, code = peer_code(answer.body)
+            message = f"decode worker {self.url} refused the KV reservation: {message}"
+            if code is ErrorCode.DECODE_TOO_LARGE:  # never fits that worker: retrying is useless
+                raise ServingError(code, message)
+            if code is ErrorCode.UNAVAILABLE:  # shutting down: as good as gone
+                raise ServingError(ErrorCode.DECODE_UNREACHABLE, message)
+            raise ServingError(ErrorCode.DECODE_FULL if code is ErrorCode.KV_FULL
+                               else ErrorCode.DECODE_REFUSED, message, retry_after=1
+                               if code is ErrorCode.KV_FULL else None)
         try:
-            got: dict[str, Any] = answer.body
-            self.segment = got["segment"]
-            self.block_ids = [int(b) for b in got["block_ids"]]
-            self.base = int(got.get("base", 0))
-            their_bytes = int(got["block_bytes"])
-            if not isinstance(self.segment, str) or not self.segment or self.base < 0 or \
-                    any(b < 0 for b in self.block_ids):
-                raise ValueError(f"segment {got['segment']!r}, base {self.base}, "
-                                 f"block ids {self.block_ids[:8]}")
-        except (KeyError, TypeError, ValueError) as e:
+            got = validate(roles.ReserveAnswer, answer.body)
+        except ServingError as e:
             self.release()
-            raise HTTPError(502, f"decode worker {self.url} answered a malformed reservation: "
-                                 f"{e}", kind="upstream_error", code="decode_refused") from None
-        if their_bytes != block_bytes:
+            raise self._refused(f"answered a malformed reservation: {e}") from None
+        self.segment, self.block_ids, self.base = got.segment, list(got.block_ids), got.base
+        if got.block_bytes != block_bytes:
             self.release()
-            raise HTTPError(409, f"decode worker {self.url} caches {their_bytes}-byte "
-                                 f"blocks, this prefill {block_bytes}: not the same model, "
-                                 "dtype or block size", kind="upstream_error")
+            raise ServingError(ErrorCode.BLOCK_MISMATCH, f"decode worker {self.url} caches "
+                               f"{got.block_bytes}-byte blocks, this prefill {block_bytes}: "
+                               "not the same model, dtype or block size")
         if num_blocks is not None and len(self.block_ids) != num_blocks:
             self.release()
-            raise HTTPError(502, f"decode worker {self.url} reserved {len(self.block_ids)} "
-                                 f"KV blocks for a prompt needing {num_blocks}",
-                            kind="upstream_error", code="decode_refused")
+            raise self._refused(f"reserved {len(self.block_ids)} KV blocks for a prompt "
+                                f"needing {num_blocks}")
+
+    def _refused(self, why: str) -> ServingError:
+        return ServingError(ErrorCode.DECODE_REFUSED, f"decode worker {self.url} {why}")
 
     def send(self, pairs: Iterable[tuple[int, int]]) -> None:
         """WRITE each (index in the block table, local pool block) to the reserved block."""
@@ -105,13 +105,8 @@ class KVStream:
             return
         self._batches.clear()
         try:
-            call(self.url + "/v1/kv/release", {"request_id": self.request_id}, timeout=5.0)
+            call(self.url + "/v1/kv/release",
+                 roles.ReleaseRequest(request_id=self.request_id).model_dump(), timeout=5.0)
         except (OSError, ValueError) as e:
             log.info("could not release reservation %s on %s: %s", self.request_id, self.url, e)
 
-
-def _message(body: dict[str, Any]) -> str:
-    err = body.get("error")
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return str(err if err is not None else body)

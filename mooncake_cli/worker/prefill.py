@@ -3,26 +3,28 @@ the rest in chunks, stream the KV to the decode worker while computing, store ne
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.routing import Route
+
+from mooncake_cli.api import roles
+from mooncake_cli.api.errors import ErrorCode, ServingError, bad
 from mooncake_cli.engine import ModelError, Sequence
 from mooncake_cli.interfaces import MooncakeError
-from mooncake_cli.jsonhttp import HTTPError
 from mooncake_cli.kvkeys import block_keys
-from mooncake_cli.worker import protocol
-from mooncake_cli.worker.http import PrefillHandler
+from mooncake_cli.worker.http import prefill_routes
 from mooncake_cli.worker.kvstream import KVStream
 from mooncake_cli.worker.prefix import PrefixStore
 from mooncake_cli.worker.runtime import WorkerRuntime
 
 log = logging.getLogger("mooncake.worker")
-# which stored prefix blocks a request may load: any segment, only this worker's own, none
-REUSE = ("any", "local", "none")
 
 
 @dataclass
@@ -32,14 +34,14 @@ class PrefillJob:
     decode_url: str | None
     reuse: str = "any"
     arrived: float = field(default_factory=time.perf_counter)
-    done: threading.Event = field(default_factory=threading.Event)
-    result: dict[str, Any] | None = None
-    error: HTTPError | None = None
+    answer: Future[roles.PrefillAnswer] = field(default_factory=Future)
 
 
 class PrefillWorker(WorkerRuntime):
     role = "prefill"
-    handler = PrefillHandler
+
+    def routes(self) -> list[Route]:
+        return prefill_routes(self)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -60,47 +62,33 @@ class PrefillWorker(WorkerRuntime):
                 "recent_step_s": self.metrics.recent_step_s(),
                 "queued_prefill_tokens": tokens}
 
-    # -- the HTTP entry: validate, queue, wait ----------------------------------------------
-    def prefill(self, body: dict[str, Any]) -> dict[str, Any]:
-        rid = protocol.request_id(body)
-        if "token_ids" in body:
-            tokens = protocol.token_ids(body["token_ids"])
-        elif isinstance(body.get("prompt"), str) and body["prompt"]:
-            tokens = self.model.tokenizer.encode(body["prompt"])
-        else:
-            raise protocol.bad("give 'token_ids' (a list of ids) or 'prompt' (a string)",
-                               "token_ids")
-        params = protocol.sampling(body)
-        decode = body.get("decode")
-        if decode is not None and (not isinstance(decode, str) or not decode.startswith("http")):
-            raise protocol.bad("'decode' must be a decode worker URL (http://HOST:PORT) or null",
-                               "decode")
-        reuse = body.get("reuse", "any")
-        if reuse not in REUSE:
-            raise protocol.bad(f"'reuse' must be one of {', '.join(REUSE)}", "reuse")
+    # -- the HTTP entry: validate, queue, wait (without holding a thread) -------------------
+    async def prefill(self, req: roles.PrefillRequest) -> roles.PrefillAnswer:
+        tokens = list(req.token_ids) if req.token_ids is not None else \
+            self.model.tokenizer.encode(req.prompt or "")
         try:
-            seq = self.runner.new_sequence(tokens, params)
+            seq = self.runner.new_sequence(tokens, req.sampling)
         except ModelError as e:
-            raise protocol.bad(str(e), "token_ids") from None
+            raise bad(str(e), "token_ids") from None
         if self.cache.blocks_for(len(tokens)) > self.cache.num_blocks:
-            raise protocol.bad(f"prompt of {len(tokens)} tokens needs "
-                               f"{self.cache.blocks_for(len(tokens))} KV blocks; this worker "
-                               f"has {self.cache.num_blocks} (raise --kv-blocks)", "token_ids")
-        job = PrefillJob(rid, seq, decode, reuse)
+            raise bad(f"prompt of {len(tokens)} tokens needs "
+                      f"{self.cache.blocks_for(len(tokens))} KV blocks; this worker "
+                      f"has {self.cache.num_blocks} (raise --kv-blocks)", "token_ids")
+        job = PrefillJob(req.request_id, seq, req.decode, req.reuse)
         with self._lock:
             if self._queue.qsize() >= self.cfg.max_waiting:
-                raise HTTPError(503, f"prefill queue is full ({self.cfg.max_waiting} requests)",
-                                kind="unavailable", headers={"Retry-After": "1"})
+                raise ServingError(ErrorCode.UNAVAILABLE, f"prefill queue is full "
+                                   f"({self.cfg.max_waiting} requests)", retry_after=1)
             self._queued_tokens += len(tokens)
             self._queue.put(job)
-        job.done.wait()
-        if job.error is not None:
+        try:
+            answer = await asyncio.wrap_future(job.answer)
+        except ServingError:
             self.metrics.add("requests_failed")
-            raise job.error
-        assert job.result is not None
-        if "prompt" in body and "token_ids" not in body:
-            job.result["token_ids"] = tokens
-        return job.result
+            raise
+        if req.token_ids is None:
+            answer = answer.model_copy(update={"token_ids": tokens})
+        return answer
 
     def _serve(self) -> None:
         while (job := self._queue.get()) is not None:
@@ -108,23 +96,25 @@ class PrefillWorker(WorkerRuntime):
                 self._queued_tokens -= len(job.seq.prompt_ids)
                 self._busy = 1
             try:
-                job.result = self._run(job)
-            except HTTPError as e:
-                job.error = e
+                if not job.answer.set_running_or_notify_cancel():
+                    self.runner.release(job.seq)  # its caller left before its turn
+                    continue
+                job.answer.set_result(self._run(job))
+            except ServingError as e:
+                job.answer.set_exception(e)
             except MooncakeError as e:
-                job.error = HTTPError(502, f"prefill {job.request_id} failed: {e}",
-                                      kind="server_error")
+                job.answer.set_exception(ServingError(
+                    ErrorCode.PREFILL_FAILED, f"prefill {job.request_id} failed: {e}"))
             except Exception as e:  # the loop must survive any one request
                 log.exception("prefill %s failed", job.request_id)
-                job.error = HTTPError(500, f"prefill {job.request_id} failed: {e}",
-                                      kind="server_error")
+                job.answer.set_exception(ServingError(
+                    ErrorCode.INTERNAL, f"prefill {job.request_id} failed: {e}"))
             finally:
                 with self._lock:
                     self._busy = 0
-                job.done.set()
 
     # -- one request -------------------------------------------------------------------------
-    def _run(self, job: PrefillJob) -> dict[str, Any]:
+    def _run(self, job: PrefillJob) -> roles.PrefillAnswer:
         t0 = time.perf_counter()
         seq, bs = job.seq, self.cache.block_size
         tokens = seq.prompt_ids
@@ -170,11 +160,11 @@ class PrefillWorker(WorkerRuntime):
             self.runner.release(seq)
         self._count(len(tokens), loaded * bs, len(stored))
         timing["total"] = time.perf_counter() - job.arrived
-        return {"request_id": job.request_id, "first_token": first,
-                "prompt_tokens": len(tokens), "cached_tokens": loaded * bs,
-                "stored_keys": stored, "replicated_keys": replicated,
-                "finish_reason": seq.finish_reason,
-                "timing": {k: round(v, 6) for k, v in timing.items()}}
+        return roles.PrefillAnswer(
+            request_id=job.request_id, first_token=first, prompt_tokens=len(tokens),
+            cached_tokens=loaded * bs, stored_keys=stored, replicated_keys=replicated,
+            finish_reason=seq.finish_reason,
+            timing=roles.PrefillTiming(**{k: round(v, 6) for k, v in timing.items()}))
 
     def _compute(self, seq: Sequence, stream: KVStream | None,
                  timing: dict[str, float]) -> tuple[int, int]:
@@ -224,7 +214,6 @@ class PrefillWorker(WorkerRuntime):
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
-                job.error = HTTPError(503, f"prefill worker {self.name} is shutting down",
-                                      kind="unavailable")
-                job.done.set()
+            if job is not None and job.answer.set_running_or_notify_cancel():
+                job.answer.set_exception(ServingError(
+                    ErrorCode.UNAVAILABLE, f"prefill worker {self.name} is shutting down"))

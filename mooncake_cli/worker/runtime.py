@@ -8,10 +8,12 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from starlette.routing import Route
+
+from mooncake_cli.asgi import Limits, Server, edge_app
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.engine import KVCache, ModelRunner, load_model
 from mooncake_cli.engine.kvcache import BlockAllocator
-from mooncake_cli.jsonhttp import JSONHandler, serve
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine
@@ -45,10 +47,9 @@ class LockedAllocator(BlockAllocator):
 class WorkerRuntime:
     """Loads everything at construction (binding the HTTP port); `start` serves, `close` stops.
 
-    Subclasses set `role` and `handler`, and implement `load()` and `drain()`."""
+    Subclasses set `role`, and implement `routes()`, `load()` and `drain()`."""
 
     role = ""
-    handler: type[JSONHandler] = JSONHandler
 
     def __init__(self, cfg: WorkerConfig, transfer: TransferConfig | None = None,
                  registry: Registry | None = None) -> None:
@@ -68,7 +69,8 @@ class WorkerRuntime:
                                            * self.ns.block_bytes),
             "kv_capacity_bytes": lambda: float(self.cache.num_blocks * self.ns.block_bytes)})
         host, port = split_listen(cfg.listen)
-        self.http = serve(self.handler, self, host, port, f"mooncake-{self.role}-http")
+        self.app = edge_app(self.routes(), Limits(max_connections=cfg.max_connections))
+        self.http = Server(self.app, host, port, f"mooncake-{self.role}-http")
         reach = cfg.advertise or (host if host not in ("0.0.0.0", "::", "") else hostname())
         self.url = f"http://{reach if ':' not in reach else f'[{reach}]'}:{self.http.port}"
         self.name = cfg.name or f"{self.role}@{reach}:{self.http.port}"
@@ -96,6 +98,9 @@ class WorkerRuntime:
                 "name": self.name, "model": self.ns.model, "block_size": self.cfg.block_size}
 
     def load(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def routes(self) -> list[Route]:
         raise NotImplementedError
 
     def registration(self) -> dict[str, Any]:

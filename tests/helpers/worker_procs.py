@@ -10,7 +10,12 @@ import sys
 import threading
 from typing import Any
 
-from mooncake_cli.jsonhttp import JSONHandler, call, events, serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from mooncake_cli.asgi import Server, body, edge_app
+from mooncake_cli.jsonhttp import call, events
 from tests.helpers.store_procs import REPO, _env, read_line
 
 
@@ -54,21 +59,6 @@ class WorkerProc:
         return rc, lines
 
 
-class _Recorder(JSONHandler):
-    routes = {("POST", "/v1/instances/register"): "register",
-              ("POST", "/v1/instances/deregister"): "deregister"}
-
-    def register(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        with self.app.lock:
-            self.app.registered.append(body)
-        return 200, {"ok": True}
-
-    def deregister(self, body: dict[str, Any], path: str) -> tuple[int, Any]:
-        with self.app.lock:
-            self.app.deregistered.append(body)
-        return 200, {"ok": True}
-
-
 class ConductorRecorder:
     """A real HTTP server taking the workers' registrations (what a conductor receives)."""
 
@@ -76,7 +66,19 @@ class ConductorRecorder:
         self.lock = threading.Lock()
         self.registered: list[dict[str, Any]] = []
         self.deregistered: list[dict[str, Any]] = []
-        self.server = serve(_Recorder, self, "127.0.0.1", 0, "test-conductor").start()
+
+        def recorder(into: list[dict[str, Any]]) -> Any:
+            async def record(request: Request) -> JSONResponse:
+                got = json.loads(await body(request))
+                with self.lock:
+                    into.append(got)
+                return JSONResponse({"ok": True})
+            return record
+
+        app = edge_app([
+            Route("/v1/instances/register", recorder(self.registered), methods=["POST"]),
+            Route("/v1/instances/deregister", recorder(self.deregistered), methods=["POST"])])
+        self.server = Server(app, "127.0.0.1", 0, "test-conductor").start()
         self.url = f"http://127.0.0.1:{self.server.port}"
 
     def close(self) -> None:
@@ -84,13 +86,16 @@ class ConductorRecorder:
 
 
 def complete(prefill_url: str, decode_url: str | None, rid: str, token_ids: list[int],
-             sampling: dict[str, Any]) -> tuple[dict[str, Any], list[int], dict[str, Any]]:
-    """Prefill (handing over to `decode_url`), then generate there: (prefill answer, all output
-    ids, final event)."""
+             sampling: dict[str, Any], between: Any = None,
+             ) -> tuple[dict[str, Any], list[int], dict[str, Any]]:
+    """Prefill (handing over to `decode_url`), then (after `between()`, when given) generate
+    there: (prefill answer, all output ids, final event)."""
     answer = call(prefill_url + "/v1/prefill", {"request_id": rid, "token_ids": token_ids,
                                                "sampling": sampling, "decode": decode_url},
                   timeout=120)
     assert answer.status == 200, answer.body
+    if between is not None:
+        between()
     if decode_url is None:
         return answer.body, [answer.body["first_token"]], {}
     out: list[int] = []

@@ -1,0 +1,172 @@
+"""The messages between the conductor and the workers (and between the workers).
+
+    conductor -> prefill   POST /v1/prefill        PrefillRequest -> PrefillAnswer
+    prefill   -> decode    POST /v1/kv/reserve     ReserveRequest -> ReserveAnswer
+    prefill   -> decode    POST /v1/kv/release     ReleaseRequest -> ReleaseAnswer
+    conductor -> decode    POST /v1/generate       GenerateRequest -> SSE TokenEvent..., FinalEvent
+    worker    -> conductor POST /v1/instances/register    Registration (with its Load)
+    worker    -> conductor POST /v1/instances/deregister  Deregistration
+    anyone    -> worker    GET /health -> Health, GET /v1/load -> Load
+
+`sampling` is the engine's own `SamplingParams`: one type from the OpenAI request to the
+sampler. Requests are strict (unknown fields refused); answers read from peers tolerate
+fields added by newer peers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from mooncake_cli.api.errors import bad
+from mooncake_cli.api.schema import Message
+from mooncake_cli.engine.sampling import SamplingParams
+
+RequestId = Annotated[str, Field(min_length=1, max_length=256)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Count = Annotated[int, Field(ge=0)]
+Role = Literal["prefill", "decode"]
+Reuse = Literal["any", "local", "none"]
+
+
+class Answer(Message):
+    """A peer's answer: strict types, but fields it may add later are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class PrefillRequest(Message):
+    request_id: RequestId
+    token_ids: TokenIds | None = None
+    prompt: Annotated[str, Field(min_length=1)] | None = None
+    decode: str | None = None  # http://HOST:PORT of the decode worker to stream the KV to
+    sampling: SamplingParams = SamplingParams()
+    reuse: Reuse = "any"  # which stored prefix blocks may be loaded
+
+    @model_validator(mode="after")
+    def _prompt_given(self) -> PrefillRequest:
+        if self.token_ids is None and self.prompt is None:
+            raise bad("give 'token_ids' (a list of ids) or 'prompt' (a string)", "token_ids")
+        if self.decode is not None and not self.decode.startswith("http"):
+            raise bad("'decode' must be a decode worker URL (http://HOST:PORT) or null",
+                      "decode")
+        return self
+
+
+class PrefillTiming(Answer):
+    queue: float = 0.0
+    load: float = 0.0
+    compute: float = 0.0
+    store: float = 0.0
+    transfer: float = 0.0
+    replicate: float = 0.0
+    total: float = 0.0
+
+
+class PrefillAnswer(Answer):
+    request_id: str
+    first_token: Count
+    prompt_tokens: Count
+    cached_tokens: Count = 0
+    stored_keys: list[str] = []
+    replicated_keys: list[str] = []
+    finish_reason: str | None = None
+    timing: PrefillTiming = PrefillTiming()
+    token_ids: list[int] | None = None  # when the request gave a prompt string
+
+
+class ReserveRequest(Message):
+    request_id: RequestId
+    num_tokens: Annotated[int, Field(ge=1)]
+    max_tokens: Count = 0
+
+
+class ReserveAnswer(Answer):
+    segment: Annotated[str, Field(min_length=1)]
+    engine: str = ""
+    block_ids: list[Count]
+    block_bytes: Annotated[int, Field(ge=1)]
+    base: Count = 0
+
+
+class ReleaseRequest(Message):
+    request_id: RequestId
+
+
+class RequestRef(Answer):
+    """Only the request id of a message (to clean up after a refused one)."""
+
+    request_id: str
+
+
+class ReleaseAnswer(Answer):
+    request_id: str
+    released_blocks: Count
+
+
+class GenerateRequest(Message):
+    request_id: RequestId
+    token_ids: TokenIds
+    first_token: Count
+    sampling: SamplingParams = SamplingParams()
+
+
+class TokenEvent(Answer):
+    token: int
+    text: str = ""
+
+
+class FinalEvent(Answer):
+    finish_reason: str | None = None
+    completion_tokens: Count = 0
+    error: str | None = None
+
+
+class Load(Answer):
+    """A worker's load, as polled or sent with each registration."""
+
+    role: Role | None = None
+    running: Count = 0
+    waiting: Count = 0
+    free_blocks: Count = 0
+    total_blocks: Count = 0
+    recent_step_s: float = 0.0
+    queued_prefill_tokens: Count = 0
+
+    @field_validator("recent_step_s")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v) or v < 0:
+            raise ValueError("must be a number of seconds >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _free_within_total(self) -> Load:
+        if self.total_blocks and self.free_blocks > self.total_blocks:
+            raise ValueError(f"free_blocks {self.free_blocks} is over total_blocks "
+                             f"{self.total_blocks}")
+        return self
+
+
+class Registration(Message):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    name: Annotated[str, Field(min_length=1, max_length=512)]
+    role: Role
+    url: str
+    model: str = ""
+    block_size: int = 0
+    load: Load = Load()
+
+
+class Deregistration(Message):
+    name: Annotated[str, Field(min_length=1)]
+
+
+class Health(Answer):
+    status: str
+    role: Role
+    name: str
+    model: str = ""
+    block_size: int = 0

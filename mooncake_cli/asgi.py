@@ -1,0 +1,246 @@
+"""The HTTP edge of every serving role: a Starlette app under uvicorn, with bounds.
+
+    app = edge_app([Route("/v1/x", handler, methods=["POST"])])
+    server = Server(app, "127.0.0.1", 0, "conductor").start()   # binds at construction
+    server.port; server.close()
+
+Handlers are `async def handler(request) -> dict | Response`; they read their body with
+`await body(request)` and raise `ServingError` (mooncake_cli.api.errors): here, and only here,
+it becomes a status code and an OpenAI-style error body. Bounds: bodies over `max_body` bytes
+(413, chunked ones too) or slower than `body_timeout` (408), request headers not complete within
+`header_timeout` and connections idle for `idle_timeout` (closed), headers over `max_header`
+bytes (400) and at most `max_connections` at once (503 beyond). Malformed JSON, deep nesting
+and lone surrogates are 400 (see `mooncake_cli.api.schema`); nothing a client sends is a 500.
+
+Authentication has one place to live: the `guard` of `edge_app`, awaited before every route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import uvicorn
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from mooncake_cli.api.errors import ErrorCode, ServingError
+from mooncake_cli.prometheus import CONTENT_TYPE
+
+log = logging.getLogger(__name__)
+Guard = Callable[[Request], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds of one listener."""
+
+    max_body: int = 8 << 20  # bytes of one request body
+    body_timeout: float = 30.0  # seconds to receive a whole body
+    header_timeout: float = 10.0  # seconds from connect (or the last answer) to full headers
+    idle_timeout: float = 15.0  # seconds a keep-alive connection may sit idle
+    max_header: int = 64 << 10  # bytes of one request's headers
+    max_connections: int = 16384  # connections and requests at once
+
+
+def error_response(e: ServingError) -> JSONResponse:
+    return JSONResponse(e.body(), e.status, headers=e.headers())
+
+
+def text_response(text: str) -> Response:
+    """A Prometheus scrape answer."""
+    return Response(text, media_type=CONTENT_TYPE)
+
+
+async def body(request: Request) -> bytes:
+    """The request body, within the app's `Limits` (413 when too large, 408 when too slow)."""
+    limits: Limits = request.app.state.limits
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_body:
+        raise ServingError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body of {declared} bytes is "
+                           f"over {limits.max_body}")
+    chunks: list[bytes] = []
+    size = 0
+
+    async def read() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body:
+                raise ServingError(ErrorCode.PAYLOAD_TOO_LARGE,
+                                   f"request body is over {limits.max_body} bytes")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), limits.body_timeout)
+    except asyncio.TimeoutError:
+        raise ServingError(ErrorCode.REQUEST_TIMEOUT, f"the request body took longer than "
+                           f"{limits.body_timeout:g} s") from None
+    return b"".join(chunks)
+
+
+def sse(events: AsyncIterator[dict[str, Any] | str]) -> EventSourceResponse:
+    """A server-sent-event answer: each item is sent as `data: <json>` (a str as it is)."""
+
+    async def frames() -> AsyncIterator[dict[str, str]]:
+        async for ev in events:
+            yield {"data": ev if isinstance(ev, str) else json.dumps(ev)}
+
+    return EventSourceResponse(frames(), sep="\n", ping=15)
+
+
+def edge_app(routes: Sequence[BaseRoute], limits: Limits | None = None,
+             guard: Guard | None = None, state: Any = None) -> Starlette:
+    """A Starlette app of `routes` whose errors all leave as OpenAI-style bodies. `guard`
+    (the place for authentication) is awaited before every route and may raise
+    ServingError; `state` is reachable as `request.app.state.role`."""
+
+    async def serving_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServingError)
+        return error_response(exc)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(
+            exc.status_code, ErrorCode.INVALID_REQUEST)
+        return error_response(ServingError(code, f"no route {request.method} "
+                                                 f"{request.url.path}" if code.status != 400
+                                           else str(exc.detail)))
+
+    async def disconnect(request: Request, exc: Exception) -> Response:
+        return Response(status_code=400)  # nobody reads it: the client left mid-body
+
+    async def bug(request: Request, exc: Exception) -> Response:
+        log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(ServingError(ErrorCode.INTERNAL, f"internal error: {exc}"))
+
+    middleware = [Middleware(_Guarded, guard=guard)] if guard is not None else []
+    app = Starlette(routes=list(routes), middleware=middleware, exception_handlers={
+        ServingError: serving_error, HTTPException: http_error,
+        ClientDisconnect: disconnect, Exception: bug})
+    app.state.limits = limits or Limits()
+    app.state.role = state
+    return app
+
+
+class _Guarded:
+    """ASGI middleware awaiting `guard(request)` before the app; a ServingError it raises is
+    the answer."""
+
+    def __init__(self, app: ASGIApp, guard: Guard) -> None:
+        self.app, self.guard = app, guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                await self.guard(Request(scope, receive))
+            except ServingError as e:
+                await error_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _protocol(header_timeout: float) -> type[H11Protocol]:
+    class Bounded(H11Protocol):
+        """uvicorn's h11 protocol, closing connections whose request headers do not arrive
+        within `header_timeout` of connecting or of the last answer (idle ones too)."""
+
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(header_timeout, self._expire)
+
+        def _expire(self) -> None:
+            waiting = self.cycle is None or self.cycle.response_complete
+            if waiting and self.conn.their_state is h11.IDLE and \
+                    not self.transport.is_closing():
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+    return Bounded
+
+
+class Server:
+    """`app` under uvicorn on a background thread. Binds at construction (port 0 picks a free
+    one); serves once `start`ed, until `close`."""
+
+    def __init__(self, app: Starlette, host: str, port: int, name: str) -> None:
+        limits: Limits = app.state.limits
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError:
+            self._sock.close()
+            raise
+        self.host, self.port = str(host), int(self._sock.getsockname()[1])
+        config = uvicorn.Config(
+            app, lifespan="off", log_level="warning", access_log=False,
+            http=_protocol(limits.header_timeout), loop="asyncio",
+            timeout_keep_alive=int(max(1, limits.idle_timeout)),
+            h11_max_incomplete_event_size=limits.max_header,
+            limit_concurrency=limits.max_connections, backlog=2048,
+            timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _run(self) -> None:
+        async def serve() -> None:
+            self.loop = asyncio.get_running_loop()
+            await self._server.serve(sockets=[self._sock])
+
+        asyncio.run(serve())
+
+    def start(self) -> Server:
+        self._sock.listen(2048)
+        self._thread.start()
+        return self
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 5.0) -> None:
+        """Run `coro` on the server's event loop (e.g. to close its clients) and wait."""
+        if self.loop is None or not self._thread.is_alive():
+            coro.close()
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        except Exception as e:  # closing must go on
+            log.warning("on the server loop: %s", e)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._server.should_exit = True
+            self._thread.join(timeout=5)
+            if self._thread.is_alive():
+                self._server.force_exit = True
+                self._thread.join(timeout=5)
+        self._sock.close()
