@@ -147,3 +147,7 @@ app.command("store")(bench_store.store)
 from mooncake_cli.commands import bench_workers  # noqa: E402
 
 app.command("workers")(bench_workers.workers)
+
+from mooncake_cli.commands import bench_model  # noqa: E402
+
+app.command("model")(bench_model.model)
