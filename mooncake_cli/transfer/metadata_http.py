@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from http.server import BaseHTTPRequestHandler
 
-from mooncake_cli.httpserve import BackgroundHTTPServer
+import httpx
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from mooncake_cli import jsonhttp
+from mooncake_cli.api.errors import ErrorCode, ServingError
+from mooncake_cli.asgi import Limits, Server, body, edge_app
 from mooncake_cli.interfaces import MetadataError, SegmentDescriptor
 from mooncake_cli.transfer.metadata import KEY_PREFIX, Keeper
 
@@ -31,19 +34,18 @@ class HttpMetadata:
 
     def _call(self, method: str, key: str, body: bytes | None = None,
               ttl: float | None = None) -> bytes | None:
-        q = {"key": key} | ({"ttl": f"{ttl:g}"} if ttl else {})
-        req = urllib.request.Request(f"{self._url}?{urllib.parse.urlencode(q)}", data=body,
-                                     method=method)
+        params = {"key": key} | ({"ttl": f"{ttl:g}"} if ttl else {})
         try:
-            with urllib.request.urlopen(req, timeout=self._timeout) as resp:
-                return resp.read()
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return None
-            raise MetadataError(f"metadata server {self._url}: HTTP {e.code} on {method}") from e
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise MetadataError(f"metadata server {self._url} unreachable: {reason}") from e
+            resp = jsonhttp.client().request(method, self._url, params=params, content=body,
+                                             timeout=jsonhttp.timeouts(self._timeout))
+        except httpx.TransportError as e:
+            raise MetadataError(f"metadata server {self._url} unreachable: {e}") from e
+        if resp.status_code == 404:
+            return None
+        if resp.status_code >= 300:
+            raise MetadataError(f"metadata server {self._url}: HTTP {resp.status_code} on "
+                                f"{method}")
+        return resp.content
 
     def publish(self, desc: SegmentDescriptor) -> None:
         key, body = KEY_PREFIX + desc.name, desc.to_json()
@@ -100,68 +102,55 @@ class MetadataStore:
             return self._data.pop(key, None) is not None
 
 
-def _handler(store: MetadataStore, path: str) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+def _routes(store: MetadataStore, path: str) -> list[Route]:
+    def key_of(request: Request) -> str:
+        key = request.query_params.get("key")
+        if not key:
+            raise ServingError(ErrorCode.INVALID_REQUEST, "missing ?key=", "key")
+        return key
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
+    async def get(request: Request) -> Response:
+        value = store.get(key_of(request))
+        return Response(value) if value is not None else \
+            PlainTextResponse("metadata not found", 404)
 
-        def _reply(self, code: int, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    async def put(request: Request) -> Response:
+        key, raw_ttl = key_of(request), request.query_params.get("ttl")
+        try:
+            ttl = float(raw_ttl) if raw_ttl else None
+        except ValueError:
+            ttl = -1.0
+        if ttl is not None and not ttl > 0:
+            raise ServingError(ErrorCode.INVALID_REQUEST, f"bad ttl {raw_ttl!r}", "ttl")
+        store.put(key, await body(request), ttl)
+        return PlainTextResponse("metadata updated")
 
-        def _key(self) -> tuple[str | None, dict[str, list[str]]]:
-            url = urllib.parse.urlsplit(self.path)
-            if url.path.rstrip("/") != path:
-                self._reply(404, b"unknown path\n")
-                return None, {}
-            q = urllib.parse.parse_qs(url.query)
-            if not q.get("key") or not q["key"][0]:
-                self._reply(400, b"missing ?key=\n")
-                return None, {}
-            return q["key"][0], q
+    async def delete(request: Request) -> Response:
+        if store.delete(key_of(request)):
+            return PlainTextResponse("metadata deleted")
+        return PlainTextResponse("metadata not found", 404)
 
-        def do_GET(self) -> None:  # noqa: N802
-            key, _ = self._key()
-            if key is not None:
-                value = store.get(key)
-                self._reply(200, value) if value is not None else self._reply(
-                    404, b"metadata not found")
+    async def dispatch(request: Request) -> Response:
+        verb = {"GET": get, "PUT": put, "DELETE": delete}[request.method]
+        return await verb(request)
 
-        def do_PUT(self) -> None:  # noqa: N802
-            key, q = self._key()
-            if key is None:
-                return
-            try:
-                n = int(self.headers.get("Content-Length", "0"))
-                ttl = float(q["ttl"][0]) if q.get("ttl") else None
-            except ValueError:
-                self._reply(400, b"bad Content-Length or ttl\n")
-                return
-            if not 0 <= n <= MAX_VALUE or (ttl is not None and ttl <= 0):
-                self._reply(413 if n > MAX_VALUE else 400, b"value too large or bad ttl\n")
-                self.close_connection = True
-                return
-            store.put(key, self.rfile.read(n), ttl)
-            self._reply(200, b"metadata updated")
-
-        def do_DELETE(self) -> None:  # noqa: N802
-            key, _ = self._key()
-            if key is not None:
-                self._reply(200, b"metadata deleted") if store.delete(key) else self._reply(
-                    404, b"metadata not found")
-
-    return Handler
+    return [Route(p, dispatch, methods=["GET", "PUT", "DELETE"]) for p in (path, path + "/")]
 
 
-class MetadataServer(BackgroundHTTPServer):
-    """`mooncake transfer metadata-server`: serves MetadataStore at http://HOST:PORT/metadata."""
+class MetadataServer:
+    """`mooncake transfer metadata-server`: serves MetadataStore at http://HOST:PORT/metadata.
+    Binds at construction (port 0 picks a free one); serves once `start`ed, until `close`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8080, path: str = "/metadata") -> None:
         self.store = MetadataStore()
-        super().__init__(host, port, _handler(self.store, path.rstrip("/")),
-                         "mooncake-metadata-http")
+        app = edge_app(_routes(self.store, "/" + path.strip("/")), Limits(max_body=MAX_VALUE))
+        self._server = Server(app, host, port, "mooncake-metadata-http")
+        self.host, self.port = self._server.host, self._server.port
         self.url = f"http://{self.host}:{self.port}{path}"
+
+    def start(self) -> MetadataServer:
+        self._server.start()
+        return self
+
+    def close(self) -> None:
+        self._server.close()
