@@ -19,6 +19,7 @@ from mooncake_cli.interfaces import SegmentDescriptor, Slice, TransferError
 from mooncake_cli.transfer.client import TargetClient
 
 Table = list[tuple[int, int, str, int, int]]  # (base, length, mem, address, device)
+SPIN = 0.002  # seconds a batch is polled in the posting thread before the poller takes it
 
 
 def table_of(desc: SegmentDescriptor) -> Table:
@@ -112,6 +113,7 @@ class NixlChannel:
     def post(self, slices: Sequence[Slice], done: Callable[[int, str | None], None],
              timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        running: list[tuple[int, Slice, Any]] = []
         for k, s in enumerate(slices):
             if s.length == 0:
                 done(k, None)
@@ -127,8 +129,21 @@ class NixlChannel:
             if handle is None:
                 done(k, None)
             else:
-                self.ep.watch(handle, deadline, lambda why, k=k, s=s: done(
-                    k, None if why is None else self._explain(s, why)))
+                running.append((k, s, handle))
+        # a short batch completes here, without waking the poller and then the waiter
+        spin_until = min(deadline, time.monotonic() + SPIN)
+        while running and time.monotonic() < spin_until:
+            still = []
+            for k, s, handle in running:
+                why = self.ep.state(handle)
+                if why is None:
+                    still.append((k, s, handle))
+                else:
+                    done(k, self._explain(s, why) if why else None)
+            running = still
+        for k, s, handle in running:
+            self.ep.watch(handle, deadline, lambda why, k=k, s=s: done(
+                k, None if why is None else self._explain(s, why)))
 
     def _one(self, op: str, remote_offset: int, buf: memoryview) -> None:
         """read/write of an unregistered buffer: registered for the one transfer."""

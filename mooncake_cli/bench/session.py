@@ -1,6 +1,9 @@
 """One benchmark session: our initiator engine and its target (a local child process or a
 given segment), plus the upstream wheel and the physical references, all measured in the same
 run and reported with ratios. A `--sweep` reuses the same targets for every workload.
+
+Over nixl the references are single-thread memcpy and our own tcp (a second engine forced
+onto tcp, against the same target), so one table holds nixl, tcp, memcpy and upstream's tcp.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class TransferBench:
         size = cfg.buffer_size
         self._local: LocalTarget | None = None
         self._upstream: Any = None
+        self._tcp: TransferEngine | None = None  # our tcp beside nixl
         self.upstream_skip = ""
         self.engine = TransferEngine(cfg.engine_config(base), registry)
         try:
@@ -76,6 +80,10 @@ class TransferBench:
                 self.target = cfg.target
             self.region = self.engine.allocate(size, shared=False)
             self.transport = self.engine.transport_for(self.target)
+            if self.transport == "nixl":
+                self._tcp = TransferEngine(dataclasses.replace(cfg.engine_config(base),
+                                                               transport="tcp"), registry)
+                self._tcp_region = self._tcp.allocate(size, shared=False)
             if cfg.compare_upstream:
                 from mooncake_cli.bench import upstream
 
@@ -90,6 +98,11 @@ class TransferBench:
 
     def _references(self, w: BenchTransferConfig) -> tuple[list[Result], dict[str, str]]:
         what = f"{w.op} {human_size(w.block_size)}"
+        if self._tcp is not None:
+            return [measure(self._tcp, self._tcp_region, w, self.target, self.progress,
+                            f"tcp {what}", name="tcp"),
+                    baselines.memcpy(w.block_size, w.duration, self.progress, w.op,
+                                     f"memcpy {what}")], {}
         if self.transport in ("shm", "local"):
             return [baselines.memcpy(w.block_size, w.duration, self.progress, w.op,
                                      f"memcpy {what}")], {}
@@ -120,7 +133,7 @@ class TransferBench:
         return Report(workload, rows, ratios, skipped)
 
     def close(self) -> None:
-        for part in (self._upstream, self._local, self.engine):
+        for part in (self._upstream, self._tcp, self._local, self.engine):
             if part is not None:
                 try:
                     part.close()
