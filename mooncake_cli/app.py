@@ -50,8 +50,25 @@ def exit_code(exc: BaseException) -> int:
     return 70
 
 
+GLOBAL_FLAGS = ("--json",)  # accepted after the command too: `mooncake plugins --json`
+
+
+def hoist_global_flags(args: list[str]) -> list[str]:
+    """`args` with the global flags given after the command moved in front of it (up to a
+    `--`, after which everything is an argument)."""
+    end = args.index("--") if "--" in args else len(args)
+    moved = [a for a in args[:end] if a in GLOBAL_FLAGS]
+    return moved + [a for a in args[:end] if a not in GLOBAL_FLAGS] + args[end:]
+
+
 class MooncakeGroup(TyperGroup):
     """Turns every library error into one line on stderr and its exit code."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if ctx.parent is None:  # the root: global flags may follow the command
+            args = hoist_global_flags(list(args))
+        result: list[str] = super().parse_args(ctx, args)
+        return result
 
     def invoke(self, ctx: Any) -> Any:  # a click Context (typer vendors click >= 0.24)
         try:
@@ -92,7 +109,8 @@ def root(
     ctx: typer.Context,
     config: str = typer.Option(None, "--config", metavar="FILE",
                                help="TOML file with one table per role ([conductor], "
-                                    "[prefill], [decode], [store], [transfer], [bench])."),
+                                    "[prefill], [decode], [store], [transfer], "
+                                    "[bench_transfer], [bench_store], ...)."),
     json_: bool = typer.Option(False, "--json", help="Machine-readable JSON output."),
     log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL",
                                   help="debug, info, warning or error (debug shows tracebacks)."),

@@ -1,8 +1,11 @@
-"""One frozen config dataclass per role. Precedence: defaults < TOML file < MOONCAKE_* env < flags.
+"""One frozen config dataclass per role. Precedence: defaults < TOML file < env < flags.
 
-A TOML file holds one table per role (`[transfer]`, `[bench]` ...); keys may use dashes. An
-environment variable MOONCAKE_<FIELD> (e.g. MOONCAKE_SECRET, MOONCAKE_METADATA) overrides the
-file. Sizes accept "64KiB", "16MB", "1GiB" or plain bytes.
+Each role has one table name, used for its TOML table and its environment prefix alike
+(`TABLES`): `[conductor]` and MOONCAKE_CONDUCTOR_PORT, `[bench_trace]` and
+MOONCAKE_BENCH_TRACE_PREFILL, so no two roles share a variable. Keys may use dashes. Sizes
+accept "64KiB", "16MB", "1GiB" or plain bytes, parsed here only (`parse_size`). A field's
+`metadata["help"]` (see `described`) is the one description of the setting: the typer help of
+its flag and the man page both read it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,55 @@ def human_size(n: float) -> str:
 
 def size_field(default: int, help: str = "") -> Any:
     return field(default=default, metadata={"size": True, "help": help})
+
+
+def described(default: Any, help: str) -> Any:
+    """A config field with its description (the flag's help and the man page's text)."""
+    return field(default=default, metadata={"help": help})
+
+
+# the one table name of each role -> its config class ("module:Class"); the env prefix is
+# MOONCAKE_<TABLE>_ (upper case)
+TABLES = {
+    "conductor": "mooncake_cli.conductor.config:ConductorConfig",
+    "prefill": "mooncake_cli.worker.config:WorkerConfig",
+    "decode": "mooncake_cli.worker.config:WorkerConfig",
+    "store": "mooncake_cli.store.config:StoreConfig",
+    "transfer": "mooncake_cli.config:TransferConfig",
+    "bench_transfer": "mooncake_cli.bench.transfer:BenchTransferConfig",
+    "bench_store": "mooncake_cli.bench.store:BenchStoreConfig",
+    "bench_workers": "mooncake_cli.bench.workers:BenchWorkersConfig",
+    "bench_trace": "mooncake_cli.bench.sim_config:SimConfig",
+    "bench_profile": "mooncake_cli.bench.profile:ProfileConfig",
+}
+RENAMED = {"bench": "bench_transfer", "bench-store": "bench_store",
+           "bench-workers": "bench_workers", "bench-trace": "bench_trace",
+           "bench-profile": "bench_profile"}
+
+
+def env_name(section: str, name: str) -> str:
+    """The environment variable of field `name` of table `section`."""
+    return f"MOONCAKE_{section.upper().replace('-', '_')}_{name.upper()}"
+
+
+def help_of(cls: type, name: str, unit: str = "") -> str:
+    """The flag help of field `name`: its description and its default."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    text = f.metadata.get("help", "").rstrip(".")
+    d = f.default
+    if f.metadata.get("size") and isinstance(d, int):
+        shown = human_size(d).replace(" ", "")
+    elif isinstance(d, (tuple, list)):
+        shown = ",".join(map(str, d)) or "none"
+    else:
+        shown = str(d).lower() if isinstance(d, bool) else (str(d) if d != "" else "none")
+    return f"{sentence(text)} [default: {shown}{unit}]."
+
+
+def sentence(text: str) -> str:
+    """`text` starting with a capital, unless it starts with a value ("cpu, cuda ...")."""
+    first = text.split(" ", 1)[0]
+    return text[:1].upper() + text[1:] if first.isalpha() and first.islower() else text
 
 
 @dataclass(frozen=True)
@@ -114,11 +166,16 @@ def read_toml(path: str | None) -> dict[str, Any]:
 
 def load(cls: type[C], section: str, file: str | None = None,
          env: Mapping[str, str] | None = None, **flags: Any) -> C:
-    """Build `cls` from defaults, the file's [section], MOONCAKE_* env and non-None flags."""
+    """Build `cls` from defaults, the file's [section], MOONCAKE_<SECTION>_* env and non-None
+    flags."""
     env = os.environ if env is None else env
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
-    table = read_toml(file).get(section, {})
+    doc = read_toml(file)
+    for old, new in RENAMED.items():
+        if new == section and old in doc:
+            raise ConfigError(f"{file}: the table [{old}] is now [{new}]")
+    table = doc.get(section, {})
     if not isinstance(table, dict):
         raise ConfigError(f"[{section}] in {file} must be a table")
     for key, value in table.items():
@@ -128,9 +185,10 @@ def load(cls: type[C], section: str, file: str | None = None,
                               f"(known: {', '.join(sorted(fields))})")
         values[name] = _coerce(cls, fields[name], value, str(file))
     for name, f in fields.items():
-        raw = env.get(f"MOONCAKE_{name.upper()}")
+        var = env_name(section, name)
+        raw = env.get(var)
         if raw is not None and raw != "":
-            values[name] = _coerce(cls, f, raw, f"MOONCAKE_{name.upper()}")
+            values[name] = _coerce(cls, f, raw, var)
     for name, value in flags.items():
         if name not in fields:
             raise TypeError(f"{cls.__name__} has no field {name}")

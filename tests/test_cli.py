@@ -372,7 +372,7 @@ def test_config_file_sets_transfer_values(spawn: Callable[..., Child], tmp_path:
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["transport"] == "shm"  # a flag beats the file
     r = mooncake("--json", "--config", cfg, "transfer", "write", "--target", seg, str(src),
-                 env={"MOONCAKE_TRANSPORT": "shm"})
+                 env={"MOONCAKE_TRANSFER_TRANSPORT": "shm"})
     assert json.loads(r.stdout)["transport"] == "shm"  # so does the environment
     bad = write_file(tmp_path / "bad.toml", '[transfer]\nsecret = "nope"\n')
     assert_error(mooncake("--config", bad, "transfer", "write", "--target", seg, str(src)), 5,
@@ -404,3 +404,10 @@ def test_segments_by_name_through_a_metadata_server(spawn: Callable[..., Child],
     line = assert_error(r, r.exit_code, "bar")
     assert r.exit_code not in (0, 70), line
     assert serve.stop() == 0  # SIGTERM: withdrawn and clean
+
+
+def test_json_is_accepted_after_the_command_too() -> None:
+    before, after = mooncake("--json", "plugins"), mooncake("plugins", "--json")
+    assert after.exit_code == 0, after.output
+    assert json.loads(after.stdout) == json.loads(before.stdout)
+    assert mooncake("plugins", "--", "--json").exit_code == 2  # after --, an argument

@@ -81,8 +81,8 @@ anything = "ignored: another role's table"
     assert (file_only.slice_size, file_only.connections, file_only.timeout) == (8 << 20, 2, 4.5)
     assert file_only.transport == "auto"  # default where the file is silent
 
-    env = {"MOONCAKE_PORT": "2222", "MOONCAKE_SECRET": "from-env",
-           "MOONCAKE_SLICE_SIZE": "1MiB", "MOONCAKE_TRANSPORT": "", "HOME": "/x"}
+    env = {"MOONCAKE_TRANSFER_PORT": "2222", "MOONCAKE_TRANSFER_SECRET": "from-env",
+           "MOONCAKE_TRANSFER_SLICE_SIZE": "1MiB", "MOONCAKE_TRANSFER_TRANSPORT": "", "HOME": "/x"}
     with_env = load(TransferConfig, "transfer", path, env=env)
     assert (with_env.port, with_env.secret, with_env.slice_size) == (2222, "from-env", 1 << 20)
     assert with_env.metadata == "http://file:8080/metadata"  # env is silent: the file wins
@@ -97,14 +97,14 @@ anything = "ignored: another role's table"
 
 
 def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MOONCAKE_METADATA_TTL", "2")
-    monkeypatch.setenv("MOONCAKE_CONNECTIONS", "7")
+    monkeypatch.setenv("MOONCAKE_TRANSFER_METADATA_TTL", "2")
+    monkeypatch.setenv("MOONCAKE_TRANSFER_CONNECTIONS", "7")
     cfg = load(TransferConfig, "transfer")
     assert (cfg.metadata_ttl, cfg.connections) == (2.0, 7)
 
 
 def test_missing_section_means_defaults(tmp_path: Path) -> None:
-    path = write_toml(tmp_path, "[bench]\nthreads = 4\n")
+    path = write_toml(tmp_path, "[bench_transfer]\nthreads = 4\n")
     assert load(TransferConfig, "transfer", path, env={}) == TransferConfig()
 
 
@@ -132,10 +132,11 @@ def test_bad_value_in_file(tmp_path: Path, toml: str, field: str) -> None:
 
 
 @pytest.mark.parametrize("var,value,words", [
-    ("MOONCAKE_PORT", "abc", ["MOONCAKE_PORT", "'abc'", "port"]),
-    ("MOONCAKE_TIMEOUT", "fast", ["MOONCAKE_TIMEOUT", "timeout"]),
-    ("MOONCAKE_SLICE_SIZE", "12XB", ["MOONCAKE_SLICE_SIZE", "slice_size", "12XB", "64KiB"]),
-    ("MOONCAKE_CONNECTIONS", "1.5", ["MOONCAKE_CONNECTIONS", "connections"]),
+    ("MOONCAKE_TRANSFER_PORT", "abc", ["MOONCAKE_TRANSFER_PORT", "'abc'", "port"]),
+    ("MOONCAKE_TRANSFER_TIMEOUT", "fast", ["MOONCAKE_TRANSFER_TIMEOUT", "timeout"]),
+    ("MOONCAKE_TRANSFER_SLICE_SIZE", "12XB", ["MOONCAKE_TRANSFER_SLICE_SIZE", "slice_size",
+                                              "12XB", "64KiB"]),
+    ("MOONCAKE_TRANSFER_CONNECTIONS", "1.5", ["MOONCAKE_TRANSFER_CONNECTIONS", "connections"]),
 ])
 def test_bad_value_in_env(var: str, value: str, words: list[str]) -> None:
     with pytest.raises(ConfigError) as e:
@@ -198,12 +199,56 @@ class Toy:
                                        ("0", False), ("false", False), ("No", False),
                                        ("off", False)])
 def test_booleans_from_the_environment(raw: str, value: bool) -> None:
-    assert load(Toy, "toy", None, env={"MOONCAKE_VERBOSE": raw}).verbose is value
+    assert load(Toy, "toy", None, env={"MOONCAKE_TOY_VERBOSE": raw}).verbose is value
 
 
 def test_bad_boolean_and_sizes_in_other_dataclasses(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="MOONCAKE_VERBOSE: bad value 'maybe'"):
-        load(Toy, "toy", None, env={"MOONCAKE_VERBOSE": "maybe"})
+    with pytest.raises(ConfigError, match="MOONCAKE_TOY_VERBOSE: bad value 'maybe'"):
+        load(Toy, "toy", None, env={"MOONCAKE_TOY_VERBOSE": "maybe"})
     path = write_toml(tmp_path, '[toy]\nblock = "2MiB"\nverbose = true\n')
-    toy = load(Toy, "toy", path, env={"MOONCAKE_LABEL": "y"})
+    toy = load(Toy, "toy", path, env={"MOONCAKE_TOY_LABEL": "y"})
     assert (toy.block, toy.verbose, toy.label) == (2 << 20, True, "y")
+
+
+def test_every_role_has_its_own_variables() -> None:
+    """Set every role's variables at once: none leaks into another (MOONCAKE_PREFILL was the
+    conductor's URLs and the simulator's instance count at the same time)."""
+    from mooncake_cli.bench.sim_config import SimConfig
+    from mooncake_cli.conductor.config import ConductorConfig
+    from mooncake_cli.store.config import StoreConfig
+    from mooncake_cli.worker.config import WorkerConfig
+
+    env = {"MOONCAKE_CONDUCTOR_PORT": "8001", "MOONCAKE_CONDUCTOR_PREFILL": "http://p:1,p:2",
+           "MOONCAKE_CONDUCTOR_BLOCK_SIZE": "32", "MOONCAKE_BENCH_TRACE_PREFILL": "3",
+           "MOONCAKE_STORE_PORT": "9001", "MOONCAKE_TRANSFER_PORT": "7001",
+           "MOONCAKE_PREFILL_KV_BLOCKS": "64", "MOONCAKE_DECODE_KV_BLOCKS": "96",
+           "MOONCAKE_PREFILL_BLOCK_SIZE": "8", "MOONCAKE_PORT": "1", "MOONCAKE_PREFILL": "x"}
+    conductor = load(ConductorConfig, "conductor", None, env=env)
+    assert (conductor.port, conductor.block_size) == (8001, 32)
+    assert conductor.prefill == ("http://p:1", "http://p:2")
+    assert load(SimConfig, "bench_trace", None, env=env).prefill == 3
+    assert load(StoreConfig, "store", None, env=env).port == 9001
+    assert load(TransferConfig, "transfer", None, env=env).port == 7001
+    prefill = load(WorkerConfig, "prefill", None, env=env, role="prefill")
+    decode = load(WorkerConfig, "decode", None, env=env, role="decode")
+    assert (prefill.kv_blocks, prefill.block_size) == (64, 8)
+    assert (decode.kv_blocks, decode.block_size) == (96, 16)
+
+
+def test_a_renamed_table_is_named(tmp_path: Path) -> None:
+    from mooncake_cli.bench.store import BenchStoreConfig
+
+    path = write_toml(tmp_path, "[bench-store]\nmode = 'local'\n")
+    with pytest.raises(ConfigError, match=r"\[bench-store\] is now \[bench_store\]"):
+        load(BenchStoreConfig, "bench_store", path, env={})
+
+
+def test_flag_help_is_the_field_description() -> None:
+    from mooncake_cli.conductor.config import ConductorConfig
+    from mooncake_cli.config import help_of
+
+    assert help_of(ConductorConfig, "port") == "HTTP port (0: any free) [default: 8000]."
+    assert help_of(ConductorConfig, "policy").startswith("random, round-robin")
+    assert "[default: 256MiB]" in help_of(
+        __import__("mooncake_cli.worker.config", fromlist=["WorkerConfig"]).WorkerConfig,
+        "segment_size")

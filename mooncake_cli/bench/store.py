@@ -32,7 +32,7 @@ MODES = ("local", "remote")
 
 @dataclass(frozen=True)
 class BenchStoreConfig:
-    """A store benchmark ([bench-store] in the config file)."""
+    """A store benchmark ([bench_store] in the config file)."""
 
     mode: str = "local"
     master: str = ""  # HOST:PORT of a running master; empty: start one

@@ -31,7 +31,7 @@ MODES = ("target", "initiator", "local")
 
 @dataclass(frozen=True)
 class BenchTransferConfig:
-    """A transfer benchmark ([bench] in the config file). Empty transport, metadata and
+    """A transfer benchmark ([bench_transfer] in the config file). Empty transport, metadata and
     secret mean: as the [transfer] table (or its defaults) says."""
 
     mode: str = "local"

@@ -107,10 +107,11 @@ def transfer(
     """Measure GB/s, transfers/s and latency of the transfer engine, next to upstream's wheel
     and the physical limit (a plain socket stream for tcp, memcpy for shm)."""
     out: Out = ctx.obj
-    cfg = load(BenchTransferConfig, "bench", out.config_file, mode=mode, transport=transport,
-               metadata=metadata, op=op, block_size=block_size, batch_size=batch_size,
-               threads=threads, duration=duration, buffer_size=buffer_size, target=target,
-               secret=secret, compare_upstream=compare_upstream)
+    cfg = load(BenchTransferConfig, "bench_transfer", out.config_file, mode=mode,
+               transport=transport, metadata=metadata, op=op, block_size=block_size,
+               batch_size=batch_size, threads=threads, duration=duration,
+               buffer_size=buffer_size, target=target, secret=secret,
+               compare_upstream=compare_upstream)
     base = c.transfer_config(out)
     registry = Registry.from_env()
     if cfg.mode == "target":

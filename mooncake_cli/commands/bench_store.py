@@ -82,7 +82,7 @@ def store(
     """Measure put/get/batch GB/s and ops/s per value size, and exists / 4 KiB get latency;
     every row is read back and compared byte for byte."""
     out: Out = ctx.obj
-    cfg = load(BenchStoreConfig, "bench-store", out.config_file, mode=mode, master=master,
+    cfg = load(BenchStoreConfig, "bench_store", out.config_file, mode=mode, master=master,
                sizes=sizes, batches=batches, duration=duration, iterations=iterations,
                segment_size=segment_size, compare_upstream=compare_upstream)
     base = c.transfer_config(out)

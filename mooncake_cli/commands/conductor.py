@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from mooncake_cli.commands import common as c
 from mooncake_cli.conductor.config import ConductorConfig
-from mooncake_cli.config import load
+from mooncake_cli.config import help_of, load
 from mooncake_cli.output import Out
+
+
+def _opt(flag: str, name: str, metavar: str | None = None) -> Any:
+    """The typer option of ConductorConfig field `name`: its help is the field's description."""
+    return typer.Option(None, flag, metavar=metavar, help=help_of(ConductorConfig, name))
+
 
 app = typer.Typer(no_args_is_help=True, help="The conductor: KVCache-centric global scheduler "
                                              "behind an OpenAI-compatible API.")
@@ -19,41 +27,21 @@ def start(
     config: str = typer.Option(None, "--config", metavar="FILE",
                                help="cluster.toml; its [conductor] table sets every option "
                                     "below (flags win) [default: the global --config]."),
-    host: str = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1]."),
-    port: int = typer.Option(None, "--port", help="HTTP port (0: any free) [default: 8000]."),
-    model: str = typer.Option(None, "--model",
-                              help="Checkpoint directory or demo name, for the tokenizer and "
-                                   "the KV block geometry [default: demo]."),
-    served_model_name: str = typer.Option(None, "--served-model-name",
-                                          help="The model name clients send [default: the "
-                                               "model's id]."),
-    block_size: int = typer.Option(None, "--block-size",
-                                   help="Tokens per KV block; must match the workers' "
-                                        "[default: 16]."),
-    dtype: str = typer.Option(None, "--dtype", help="The workers' KV dtype [default: float32]."),
-    policy: str = typer.Option(None, "--policy",
-                               help="random, round-robin, least-load, cache-aware or "
-                                    "kvcache-centric (default); kvcache-pipeline is "
-                                    "simulator only (`mooncake bench trace`)."),
-    prefill: str = typer.Option(None, "--prefill",
-                                help="Comma-separated prefill worker URLs (workers may also "
-                                     "register themselves)."),
-    decode: str = typer.Option(None, "--decode", help="Comma-separated decode worker URLs."),
-    registry: str = typer.Option(None, "--registry", metavar="etcd://HOST:PORT[/CLUSTER]",
-                                 help="Also serve the workers registered in this etcd "
-                                      "(started with --conductor etcd://...)."),
-    ttft_slo: float = typer.Option(None, "--ttft-slo",
-                                   help="TTFT SLO in seconds; requests that cannot meet it get "
-                                        "429 [default: 0, no limit]."),
-    tbt_slo: float = typer.Option(None, "--tbt-slo",
-                                  help="TBT SLO in seconds [default: 0, no limit]."),
-    profile: str = typer.Option(None, "--profile",
-                                help="profile.json from `mooncake bench profile` [default: "
-                                     "learn the cost model from the workers' timings]."),
-    explain: str = typer.Option(None, "--explain", metavar="FILE",
-                                help="Append every scheduling decision with its estimates to "
-                                     "this JSONL file."),
-    seed: int = typer.Option(None, "--seed", help="Seed of the random policies [default: 0]."),
+    host: str = _opt("--host", "host"),
+    port: int = _opt("--port", "port"),
+    model: str = _opt("--model", "model"),
+    served_model_name: str = _opt("--served-model-name", "served_model_name"),
+    block_size: int = _opt("--block-size", "block_size"),
+    dtype: str = _opt("--dtype", "dtype"),
+    policy: str = _opt("--policy", "policy"),
+    prefill: str = _opt("--prefill", "prefill"),
+    decode: str = _opt("--decode", "decode"),
+    registry: str = _opt("--registry", "registry", "etcd://HOST:PORT[/CLUSTER]"),
+    ttft_slo: float = _opt("--ttft-slo", "ttft_slo"),
+    tbt_slo: float = _opt("--tbt-slo", "tbt_slo"),
+    profile: str = _opt("--profile", "profile"),
+    explain: str = _opt("--explain", "explain", "FILE"),
+    seed: int = _opt("--seed", "seed"),
     local: str = typer.Option(None, "--local", metavar="P,D",
                               help="Also start, in this process, a store master, P prefill "
                                    "and D decode workers of --model: a whole cluster."),

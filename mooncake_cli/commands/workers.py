@@ -8,45 +8,34 @@ import typer
 from rich.markup import escape
 
 from mooncake_cli.commands import common as c
-from mooncake_cli.config import load
+from mooncake_cli.config import help_of, load
 from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
 from mooncake_cli.worker.config import WorkerConfig
 
-MODEL = typer.Option(None, "--model", metavar="DIR|demo",
-                     help="Checkpoint directory (config.json, *.safetensors, tokenizer.json) of "
-                          "a Llama, Mistral or Qwen2 model, or a built-in demo with random "
-                          "weights (demo, demo-25m) [default: demo].")
-DEVICE = typer.Option(None, "--device", help="cpu, cuda or cuda:N [default: cpu].")
-DTYPE = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 [default: float32].")
-STORE = typer.Option(None, "--store", metavar="MASTER|none",
-                     help="HOST:PORT of the store master (or etcd://... of an HA store), or "
-                          "none [default: none].")
-SEGMENT = typer.Option(None, "--segment-size",
-                       help="DRAM this worker contributes to the store, e.g. 1GiB; 0 for none "
-                            "[default: 256MiB].")
-LISTEN = typer.Option(None, "--listen", metavar="HOST:PORT",
-                      help="HTTP address; port 0 picks a free one [default: 127.0.0.1:0].")
-ADVERTISE = typer.Option(None, "--advertise", metavar="HOST",
-                         help="Host the conductor and other workers reach this one at "
-                              "[default: the --listen host; this host's name for 0.0.0.0].")
-BLOCK = typer.Option(None, "--block-size", metavar="TOKENS",
-                     help="Tokens per KV block [default: 16].")
-BLOCKS = typer.Option(None, "--kv-blocks", metavar="N",
-                      help="Blocks in the paged KV cache [default: 512].")
-CHUNK = typer.Option(None, "--chunk-size", metavar="TOKENS",
-                     help="Prompt tokens computed per prefill step [default: 512].")
-CONDUCTOR = typer.Option(None, "--conductor", metavar="URL",
-                         help="http://HOST:PORT of a conductor to register with, or "
-                              "etcd://HOST:PORT[/CLUSTER] to register in etcd for conductors "
-                              "started with --registry [default: none].")
-NAME = typer.Option(None, "--name", metavar="NAME",
-                    help="Instance name [default: <role>@<listen address>].")
+W = WorkerConfig
+
+
+def _opt(flag: str, name: str, metavar: str | None = None) -> Any:
+    """The typer option of WorkerConfig field `name`: its help is the field's description."""
+    return typer.Option(None, flag, metavar=metavar, help=help_of(W, name))
+
+
+MODEL = _opt("--model", "model", "DIR|FILE|NAME")
+DEVICE = _opt("--device", "device")
+DTYPE = _opt("--dtype", "dtype")
+STORE = _opt("--store", "store", "MASTER|none")
+SEGMENT = _opt("--segment-size", "segment_size")
+LISTEN = _opt("--listen", "listen", "HOST:PORT")
+ADVERTISE = _opt("--advertise", "advertise", "HOST")
+BLOCK = _opt("--block-size", "block_size", "TOKENS")
+BLOCKS = _opt("--kv-blocks", "kv_blocks", "N")
+CHUNK = _opt("--chunk-size", "chunk_size", "TOKENS")
+CONDUCTOR = _opt("--conductor", "conductor", "URL")
+NAME = _opt("--name", "name", "NAME")
+HEARTBEAT = _opt("--heartbeat", "heartbeat", "SECONDS")
 if TYPE_CHECKING:
     from mooncake_cli.worker.runtime import WorkerRuntime
-
-HEARTBEAT = typer.Option(None, "--heartbeat", metavar="SECONDS",
-                         help="Seconds between registrations with the conductor [default: 1].")
 
 
 def _serve(out: Out, role: str, **flags: Any) -> None:

@@ -19,6 +19,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_cli.config import described
 from mooncake_cli.interfaces import ConfigError
 
 SIMULATOR_ONLY = ("kvcache-pipeline",)  # policies whose plans the live workers cannot run
@@ -45,28 +46,38 @@ def _urls(value: Any, name: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ConductorConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str = "demo"  # checkpoint directory or demo name (tokenizer and KV geometry)
-    served_model_name: str = ""  # "" -> the model's id
-    dtype: str = "float32"  # the workers' KV dtype (part of every block key)
-    block_size: int = 16  # tokens per KV block: must equal the workers'
-    policy: str = "kvcache-centric"
-    seed: int = 0
-    prefill: tuple[str, ...] = ()
-    decode: tuple[str, ...] = ()
-    ttft_slo: float = 0.0  # seconds; 0: no TTFT admission
-    tbt_slo: float = 0.0  # seconds; 0: no TBT admission
-    instance_ttl: float = 5.0  # an instance silent this long is dead
-    poll_interval: float = 1.0  # seconds between load polls of each instance
-    retries: int = 2  # other prefill instances tried when one fails
-    request_timeout: float = 300.0
-    profile: str = ""  # profile.json from `mooncake bench profile`; "" learns online
-    explain: str = ""  # JSONL file of every scheduling decision; "" for none
-    bandwidth: float = 1e9  # bytes/s between instances, for fetch estimates (online model)
-    registry: str = ""  # etcd://HOST:PORT[,...][/CLUSTER]: also take workers registered there
-    max_connections: int = 16384  # HTTP connections (and requests) at once; 503 beyond
-    idle_timeout: float = 15.0  # seconds a keep-alive client connection may sit idle
+    """The conductor: its listener, served model, policy, SLOs and workers."""
+
+    host: str = described("127.0.0.1", "listen address")
+    port: int = described(8000, "HTTP port (0: any free)")
+    model: str = described("demo", "checkpoint directory, .gguf file or named model, for the "
+                                   "tokenizer and the KV block geometry")
+    served_model_name: str = described("", "the model name clients send (none: the model's id)")
+    dtype: str = described("float32", "the workers' KV dtype (part of every block key)")
+    block_size: int = described(16, "tokens per KV block; must match the workers'")
+    policy: str = described("kvcache-centric", "random, round-robin, least-load, cache-aware "
+                                               "or kvcache-centric; kvcache-pipeline is "
+                                               "simulator only (`mooncake bench trace`)")
+    seed: int = described(0, "seed of the random policies")
+    prefill: tuple[str, ...] = described((), "comma-separated prefill worker URLs (workers "
+                                             "may also register themselves)")
+    decode: tuple[str, ...] = described((), "comma-separated decode worker URLs")
+    ttft_slo: float = described(0.0, "TTFT SLO in seconds; requests that cannot meet it get "
+                                     "429 (0: no limit)")
+    tbt_slo: float = described(0.0, "TBT SLO in seconds (0: no limit)")
+    instance_ttl: float = described(5.0, "seconds after which a silent instance is dead")
+    poll_interval: float = described(1.0, "seconds between load polls of each instance")
+    retries: int = described(2, "other instances tried when one fails")
+    request_timeout: float = described(300.0, "seconds a request may take on the workers")
+    profile: str = described("", "profile.json from `mooncake bench profile` (none: learn the "
+                                 "cost model from the workers' timings)")
+    explain: str = described("", "JSONL file to append every scheduling decision to")
+    bandwidth: float = described(1e9, "bytes/s between instances, for fetch estimates")
+    registry: str = described("", "etcd://HOST:PORT[,...][/CLUSTER]: also serve the workers "
+                                  "registered there")
+    max_connections: int = described(16384, "HTTP connections (and requests) at once; 503 "
+                                            "beyond")
+    idle_timeout: float = described(15.0, "seconds a keep-alive client connection may idle")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill", _urls(self.prefill, "prefill"))

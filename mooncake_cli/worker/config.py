@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mooncake_cli.config import size_field
+from mooncake_cli.config import described, size_field
 from mooncake_cli.interfaces import ConfigError
 
 ROLES = ("prefill", "decode")
@@ -24,24 +24,32 @@ def split_listen(listen: str) -> tuple[str, int]:
 class WorkerConfig:
     """One worker: its model, KV cache geometry, store, HTTP listener and conductor."""
 
-    role: str = "prefill"
-    model: str = "demo"  # checkpoint directory, or a built-in demo (demo, demo-25m)
-    device: str = "cpu"
-    dtype: str = "float32"
-    store: str = "none"  # HOST:PORT (or etcd://...) of the store master; "none": no store
-    segment_size: int = size_field(256 << 20, "DRAM contributed to the store (0: none)")
-    listen: str = "127.0.0.1:0"
-    advertise: str = ""  # host peers and the conductor use; default: the listen host
-    #                      (this host's name when listening on 0.0.0.0)
-    block_size: int = 16  # tokens per KV block (one store object)
-    kv_blocks: int = 512  # blocks in the paged KV cache
-    chunk_size: int = 512  # prompt tokens one prefill step computes
-    conductor: str = ""  # http://HOST:PORT of a conductor, or etcd://... to register in; ""
-    name: str = ""  # instance name; default <role>@<listen address>
-    heartbeat: float = 1.0  # seconds between registrations with the conductor
-    drain_timeout: float = 30.0  # seconds in-flight requests may take to finish on shutdown
-    max_waiting: int = 256  # requests a worker queues before refusing more (503)
-    max_connections: int = 4096  # HTTP connections (and requests) at once; 503 beyond
+    role: str = described("prefill", "prefill or decode")
+    model: str = described("demo", "checkpoint directory (config.json, *.safetensors, "
+                                   "tokenizer.json), .gguf file, named model, or a built-in "
+                                   "demo with random weights (demo, demo-25m)")
+    device: str = described("cpu", "cpu, cuda or cuda:N")
+    dtype: str = described("float32", "float32, bfloat16 or float16")
+    store: str = described("none", "HOST:PORT of the store master (or etcd://... of an HA "
+                                   "store), or none")
+    segment_size: int = size_field(256 << 20, "DRAM this worker contributes to the store, "
+                                              "e.g. 1GiB; 0 for none")
+    listen: str = described("127.0.0.1:0", "HTTP address HOST:PORT; port 0 picks a free one")
+    advertise: str = described("", "host the conductor and other workers reach this one at "
+                                   "(none: the listen host; this host's name for 0.0.0.0)")
+    block_size: int = described(16, "tokens per KV block (one store object)")
+    kv_blocks: int = described(512, "blocks in the paged KV cache")
+    chunk_size: int = described(512, "prompt tokens computed per prefill step")
+    conductor: str = described("", "http://HOST:PORT of a conductor to register with, or "
+                                   "etcd://HOST:PORT[/CLUSTER] to register in etcd for "
+                                   "conductors started with --registry")
+    name: str = described("", "instance name (none: <role>@<listen address>)")
+    heartbeat: float = described(1.0, "seconds between registrations with the conductor")
+    drain_timeout: float = described(30.0, "seconds in-flight requests may take to finish on "
+                                           "shutdown")
+    max_waiting: int = described(256, "requests a worker queues before refusing more (503)")
+    max_connections: int = described(4096, "HTTP connections (and requests) at once; 503 "
+                                           "beyond")
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
