@@ -144,6 +144,9 @@ class ShmTransport:
     inline_bytes = 256 << 20
     max_slices = 1
 
+    def why_priority(self) -> str:
+        return "auto picks shm for a same-host peer with shm-backed memory"
+
     def available(self) -> tuple[bool, str]:
         if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
             return False, f"{SHM_DIR} is missing or not writable"

@@ -45,6 +45,9 @@ class TcpTransport:
     inline_bytes = 64 << 10  # above this, worker threads overlap the socket round trips
     max_slices = 64
 
+    def why_priority(self) -> str:
+        return "auto's fallback: any peer with a listener"
+
     def available(self) -> tuple[bool, str]:
         return True, ""
 

@@ -12,7 +12,8 @@ from typing import Any
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 from mooncake_cli.transfer.metadata import split_hostport
 
-GROUP_NAMES = ("install", "environment", "metadata", "master", "rdma", "memory", "network")
+GROUP_NAMES = ("install", "environment", "metadata", "master", "rdma", "nixl", "memory",
+               "network")
 
 
 class Status(str, Enum):

@@ -7,7 +7,16 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
-from mooncake_cli.doctor import environment, install, master, memory, metadata, network, rdma
+from mooncake_cli.doctor import (
+    environment,
+    install,
+    master,
+    memory,
+    metadata,
+    network,
+    nixl,
+    rdma,
+)
 from mooncake_cli.doctor.check import GROUP_NAMES, Check, DoctorConfig, Status
 
 log = logging.getLogger("mooncake.doctor")
@@ -18,6 +27,7 @@ GROUPS: Mapping[str, Callable[[DoctorConfig], list[Check]]] = MappingProxyType({
     "metadata": metadata.checks,
     "master": master.checks,
     "rdma": rdma.checks,
+    "nixl": nixl.checks,
     "memory": memory.checks,
     "network": network.checks,
 })

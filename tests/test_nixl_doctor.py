@@ -1,0 +1,89 @@
+"""`mooncake doctor --group nixl` in a child process: with the real nixl-cu12 package (UCX's
+own report of its transports), with the plugin turned off by MOONCAKE_PLUGINS, with the
+package absent (its import blocked in the child), and against captured RDMA/GPU hosts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, child_env
+
+from mooncake_cli.registry import Registry
+
+pytestmark = pytest.mark.timeout(120)
+SYSFS = Path(__file__).parent / "data" / "sysfs"
+HAVE = any(p.name == "nixl" and p.available for p in Registry().plugins("mooncake.transports"))
+needs_nixl = pytest.mark.skipif(not HAVE, reason="nixl-cu12 is not installed")
+
+# runs the CLI in a child whose imports of the NIXL package fail, as on a host without it
+BLOCKED = """
+import importlib.abc, runpy, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("nixl", "nixl_cu12", "nixl_cu13"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+sys.meta_path.insert(0, Block())
+sys.argv = ["mooncake", *sys.argv[1:]]
+runpy.run_module("mooncake_cli", run_name="__main__")
+"""
+
+
+def cli(*args: str, blocked: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-c", BLOCKED] if blocked else [sys.executable, "-m", "mooncake_cli"]
+    return subprocess.run([*argv, "--json", *args], capture_output=True, text=True, cwd=REPO,
+                          env=child_env(**env), timeout=100)
+
+
+def checks(done: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    assert "Traceback" not in done.stderr, done.stderr
+    data = json.loads(done.stdout)
+    assert data["ok"] is (done.returncode == 0)
+    return {c["check"]: c for c in data["checks"] if c["group"] == "nixl"}
+
+
+@needs_nixl
+def test_with_the_real_package_ucx_reports_its_transports() -> None:
+    got = checks(cli("doctor", "--group", "nixl"))
+    assert got["package"]["status"] == "ok" and got["package"]["data"]["version"] == "1.5.1"
+    assert got["UCX"]["status"] == "ok" and got["UCX"]["data"]["version"].startswith("1.")
+    tls = {t for t, _ in got["UCX transports"]["data"]["resources"]}
+    assert {"tcp", "cma"} <= tls  # what UCX itself sees on this host
+    assert got["cma (same host)"]["status"] == "ok"
+    assert got["RDMA"]["status"] == "skipped" and "no RDMA device" in got["RDMA"]["evidence"]
+    assert got["CUDA"]["status"] == "skipped"
+
+
+@needs_nixl
+def test_rdma_devices_that_ucx_cannot_use_fail_with_a_fix() -> None:
+    got = checks(cli("doctor", "--group", "nixl", "--sysfs-root",
+                     str(SYSFS / "healthy_roce")))
+    assert got["RDMA"]["status"] == "fail" and "mlx5_0" in got["RDMA"]["evidence"]
+    assert "UCX_TLS" in got["RDMA"]["fix"]
+    # a loaded NVIDIA driver with no CUDA transport in UCX is a failure too
+    assert got["CUDA"]["status"] == "fail" and "libcudart" in got["CUDA"]["fix"]
+
+
+def test_disabled_by_mooncake_plugins_is_skipped_with_the_fix() -> None:
+    got = checks(cli("doctor", "--group", "nixl", MOONCAKE_PLUGINS="tcp,shm"))
+    assert list(got) == ["package"]
+    assert got["package"]["status"] == "skipped"
+    assert "MOONCAKE_PLUGINS" in got["package"]["evidence"] + got["package"]["fix"]
+
+
+def test_absent_package_warns_and_names_the_install() -> None:
+    done = cli("doctor", "--group", "nixl", blocked=True)
+    assert done.returncode == 0, done.stderr  # optional: a warning, not a failure
+    got = checks(done)
+    assert list(got) == ["package"]
+    assert got["package"]["status"] == "warn"
+    assert "not installed" in got["package"]["evidence"]
+    assert "mooncake-cli[nixl]" in got["package"]["fix"]
+    plugins = {p["name"]: p for p in json.loads(cli("plugins", blocked=True).stdout)}
+    assert plugins["nixl"]["available"] is False and "not installed" in plugins["nixl"]["reason"]
+    assert plugins["tcp"]["available"] is True
