@@ -154,3 +154,20 @@ def test_plugins_lists_nixl_and_when_auto_picks_it(tmp_path) -> None:
     assert rows["nixl"]["available"] is True
     assert "no RDMA or CUDA" in rows["nixl"]["choice"] and rows["nixl"]["priority"] == 5
     assert rows["shm"]["priority"] > rows["tcp"]["priority"] > rows["nixl"]["priority"]
+
+
+def test_bench_puts_nixl_beside_the_api_floor_our_tcp_and_memcpy() -> None:
+    from typer.testing import CliRunner
+
+    from mooncake_cli.app import app
+
+    r = CliRunner().invoke(app, ["--json", "bench", "transfer", "--transport", "nixl",
+                                 "--duration", "0.2", "--block-size", "1MiB", "--op", "read",
+                                 "--buffer-size", "8MiB"])
+    assert r.exit_code == 0, r.output
+    [rep] = json.loads(r.stdout)["reports"]
+    rows = {x["name"]: x for x in rep["results"]}
+    assert list(rows) == ["ours", "nixl api", "tcp", "memcpy"]
+    assert (rows["ours"]["transport"], rows["tcp"]["transport"]) == ("nixl", "tcp")
+    assert all(x["verified"] and x["gbps"] > 0 for x in rows.values())
+    assert set(rep["ratios"]) == {"nixl api", "tcp", "memcpy"}

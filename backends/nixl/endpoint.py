@@ -23,7 +23,7 @@ from mooncake_backends.nixl import ucx
 from mooncake_cli.interfaces import EngineSide, SegmentDescriptor, TransferError
 
 log = logging.getLogger("mooncake.transfer.nixl")
-PUMP = 0.002  # seconds between progress calls on an idle agent
+PUMP = 0.005  # seconds between progress calls on an idle agent (wire-up, emulated RMA)
 POLL = 50e-6  # seconds between state checks while transfers are in flight
 
 

@@ -2,8 +2,9 @@
 given segment), plus the upstream wheel and the physical references, all measured in the same
 run and reported with ratios. A `--sweep` reuses the same targets for every workload.
 
-Over nixl the references are single-thread memcpy and our own tcp (a second engine forced
-onto tcp, against the same target), so one table holds nixl, tcp, memcpy and upstream's tcp.
+Over nixl the references are the bare NIXL API (same agent and peer, no engine), our own tcp
+(a second engine forced onto tcp, against the same target) and single-thread memcpy, so one
+table holds nixl, tcp, memcpy and upstream's tcp.
 """
 
 from __future__ import annotations
@@ -99,7 +100,11 @@ class TransferBench:
     def _references(self, w: BenchTransferConfig) -> tuple[list[Result], dict[str, str]]:
         what = f"{w.op} {human_size(w.block_size)}"
         if self._tcp is not None:
-            return [measure(self._tcp, self._tcp_region, w, self.target, self.progress,
+            from mooncake_cli.bench import nixl_raw
+
+            return [nixl_raw.measure(self.engine, self.region, self.target, w.op, w.block_size,
+                                     w.duration, self.progress, f"nixl api {what}"),
+                    measure(self._tcp, self._tcp_region, w, self.target, self.progress,
                             f"tcp {what}", name="tcp"),
                     baselines.memcpy(w.block_size, w.duration, self.progress, w.op,
                                      f"memcpy {what}")], {}
