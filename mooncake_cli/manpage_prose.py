@@ -56,8 +56,10 @@ PROSE: dict[str, dict[str, Any]] = {
             "registered regions and refuses anything out of bounds. With --secret (or "
             "MOONCAKE_SECRET) every connection must prove the shared secret first. Listeners "
             "bind to 127.0.0.1 unless --host says otherwise.",
-            "The transport is picked per peer: shm (shared memory) for a peer on the same "
-            "host, tcp otherwise; --transport forces one.",
+            "The transport is picked per peer: nixl (NIXL over UCX, the nixl extra) when UCX "
+            "sees an RDMA NIC or a GPU, shm (shared memory) for a peer on the same host, tcp "
+            "otherwise; --transport forces one, and --log-level info says which each peer got "
+            "and why.",
         ],
         "examples": [
             ("Serve a 1 GiB segment on loopback:",
@@ -187,7 +189,8 @@ PROSE: dict[str, dict[str, Any]] = {
             "points as third-party packages. A plugin that fails to import is listed with its "
             "package and error, and every other plugin keeps working.",
             "MOONCAKE_PLUGINS=tcp,shm restricts which plugins load, in the groups it names a "
-            "plugin of; the others are listed as disabled.",
+            "plugin of; the others are listed as disabled. Each available transport also says "
+            "when auto picks it (its priority and why).",
         ],
         "examples": [
             ("Everything, then only transports, as JSON:", "mooncake plugins"),
@@ -255,7 +258,8 @@ FIELD_PROSE = {
     "port": "listen port; 0 picks a free port",
     "metadata": "where segment descriptors live: p2p, http://HOST:PORT/metadata or "
                 "etcd://HOST:PORT[,HOST:PORT]",
-    "transport": "auto picks the best reachable transport per peer; or tcp, shm, another plugin",
+    "transport": "auto picks the best reachable transport per peer; or tcp, shm, nixl, another "
+                 "plugin",
     "secret": "shared secret every connection must prove (HMAC challenge); empty for none",
     "connections": "connections per peer",
     "workers": "threads that execute transfer requests",
