@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 from conftest import REPO, child_env
+from mooncake_backends.nixl.ucx import UcxInfo
 
+from mooncake_cli.doctor import nixl as doctor_nixl
+from mooncake_cli.doctor.check import DoctorConfig, Status
 from mooncake_cli.registry import Registry
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,13 +63,35 @@ def test_with_the_real_package_ucx_reports_its_transports() -> None:
 
 
 @needs_nixl
-def test_rdma_devices_that_ucx_cannot_use_fail_with_a_fix() -> None:
+def test_a_captured_tree_is_not_compared_with_this_machines_ucx() -> None:
     got = checks(cli("doctor", "--group", "nixl", "--sysfs-root",
                      str(SYSFS / "healthy_roce")))
-    assert got["RDMA"]["status"] == "fail" and "mlx5_0" in got["RDMA"]["evidence"]
-    assert "UCX_TLS" in got["RDMA"]["fix"]
-    # a loaded NVIDIA driver with no CUDA transport in UCX is a failure too
-    assert got["CUDA"]["status"] == "fail" and "libcudart" in got["CUDA"]["fix"]
+    assert got["UCX transports"]["status"] == "ok"
+    assert got["RDMA"]["status"] == got["CUDA"]["status"] == "skipped"
+    assert "--sysfs-root" in got["RDMA"]["evidence"]
+
+
+# what UCX reported on hosts with and without the hardware, checked against a captured tree
+NO_FAST = UcxInfo("1.23.0", ("self", "tcp", "cma", "ib"), (("tcp", "lo"), ("cma", "memory")))
+FAST = UcxInfo("1.23.0", ("self", "tcp", "cma", "ib", "cuda"),
+               (("rc_mlx5", "mlx5_0:1"), ("cuda_copy", "cuda"), ("cuda_ipc", "cuda"),
+                ("cma", "memory")))
+
+
+def test_rdma_devices_that_ucx_cannot_use_fail_with_a_fix() -> None:
+    cfg = DoctorConfig(root=str(SYSFS / "healthy_roce"))  # mlx5_0 and the NVIDIA driver
+    bad = doctor_nixl.rdma_check(NO_FAST, cfg)
+    assert bad.status is Status.FAIL and "mlx5_0" in bad.evidence and "UCX_TLS" in bad.fix
+    [cuda, gdr] = doctor_nixl.gpu_checks(NO_FAST, cfg)
+    assert cuda.status is Status.FAIL and "libcudart" in cuda.fix
+    assert gdr.status is Status.SKIPPED
+    good = doctor_nixl.rdma_check(FAST, cfg)
+    assert good.status is Status.OK and "mlx5_0:1" in good.evidence
+    [cuda, gdr] = doctor_nixl.gpu_checks(FAST, cfg)
+    assert cuda.status is Status.OK and "cuda_ipc" in cuda.evidence
+    assert gdr.status is Status.OK  # nvidia_peermem is loaded there
+    [_, gdr] = doctor_nixl.gpu_checks(FAST, DoctorConfig(root=str(SYSFS / "constrained")))
+    assert gdr.status is Status.WARN and "nvidia_peermem" in gdr.fix  # not loaded there
 
 
 def test_disabled_by_mooncake_plugins_is_skipped_with_the_fix() -> None:

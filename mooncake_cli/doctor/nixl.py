@@ -134,7 +134,11 @@ def checks(cfg: DoctorConfig) -> list[Check]:
 
     info = ucx.probe(module, timeout=max(cfg.timeout * 4, 10.0))
     out = [first] + transports_check(info, cfg)
-    if info.resources:
-        out.append(rdma_check(info, cfg))
-        out += gpu_checks(info, cfg)
-    return out
+    if not info.resources:
+        return out
+    if os.path.realpath(cfg.root) != "/":  # a captured tree: UCX can only report this host
+        why = (f"--sysfs-root {cfg.root} is another host's tree, and UCX reports the machine "
+               "it runs on: run doctor on that host")
+        return out + [Check(G, "RDMA", Status.SKIPPED, why), Check(G, "CUDA", Status.SKIPPED,
+                                                                   why)]
+    return out + [rdma_check(info, cfg)] + gpu_checks(info, cfg)
