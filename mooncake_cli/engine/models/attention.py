@@ -1,10 +1,16 @@
-"""Paged attention: each sequence attends over its own KV blocks, never a padded batch.
+"""Paged attention over the block pool, never a padded batch or a dense [B, q, k] mask.
 
-The pool of one layer is [num_blocks, kv_heads, block_size, head_dim]. For a sequence we take
-its blocks (one index_select of exactly its blocks, as [kv_heads, blocks * block_size, d]) and
-run torch's SDPA; decode (one query) needs no mask, a prefill chunk a causal one over its own
-[n, ctx] only. On CUDA with flash-attn installed, decode batches call `flash_attn_with_kvcache`
-on the block tables instead (written for GPUs; not run on this project's CPU-only CI).
+The pool of one layer is [num_blocks, kv_heads, block_size, head_dim].
+
+- Decode (one query per sequence): the blocks every sequence attends to are taken once, and
+  attention runs block by block for all sequences together (one batched matmul for the scores,
+  a softmax across each sequence's blocks, one for the values), so a step costs a fixed number
+  of kernels whatever the batch, and work proportional to the keys actually attended.
+- Prefill chunks: per sequence, its own blocks (one index_select) through torch's SDPA with a
+  causal mask over its own [n, ctx] only.
+- On CUDA with flash-attn installed and blocks of a multiple of 256 tokens (its paged-KV
+  requirement), decode calls `flash_attn_with_kvcache` on the block tables (written for GPUs;
+  not run on this project's CPU-only CI); otherwise the block path above runs on CUDA as well.
 """
 
 from __future__ import annotations
@@ -12,20 +18,43 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mooncake_cli.engine.batch import SeqSlice, StepBatch
+from mooncake_cli.engine.batch import DecodeBlocks, SeqSlice, StepBatch
 
 
 def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
            batch: StepBatch) -> torch.Tensor:
     """q: [T, heads, d] (rotated) -> [T, heads, d]; k/v_pool: one layer's pool."""
-    if q.is_cuda and batch.decode_only and _flash is not None:
-        return _flash_decode(q, k_pool, v_pool, batch)
+    if batch.decode is not None:
+        if q.is_cuda and _flash is not None and k_pool.shape[2] % 256 == 0:
+            return _flash_decode(q, k_pool, v_pool, batch)
+        return _decode(q, k_pool, v_pool, batch.decode)
     kt, vt = k_pool.transpose(0, 1), v_pool.transpose(0, 1)  # [kv_heads, num_blocks, bs, d]
     gqa = q.shape[1] != k_pool.shape[1]
     out = torch.empty_like(q)
     for s in batch.seqs:
         out[s.start:s.start + s.n] = _one(q[s.start:s.start + s.n], kt, vt, s, batch.window, gqa)
     return out
+
+
+def _decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+            d: DecodeBlocks) -> torch.Tensor:
+    b, heads, dim = q.shape
+    kv = k_pool.shape[1]
+    g = heads // kv
+    keys = k_pool.index_select(0, d.blocks)  # [J, kv, bs, dim]
+    values = v_pool.index_select(0, d.blocks)
+    qb = q.view(b, kv, g, dim).index_select(0, d.seq)  # [J, kv, g, dim]
+    scores = torch.matmul(qb, keys.transpose(-1, -2)).float() * dim ** -0.5  # [J, kv, g, bs]
+    scores.masked_fill_(~d.valid[:, None, None, :], float("-inf"))
+    block_max = scores.amax(-1)  # [J, kv, g]
+    seq_max = block_max.new_full((b, kv, g), float("-inf"))
+    seq_max = seq_max.scatter_reduce(0, d.seq[:, None, None].expand_as(block_max), block_max,
+                                     "amax")
+    e = torch.exp(scores - seq_max.index_select(0, d.seq)[..., None])
+    denom = e.new_zeros((b, kv, g)).index_add_(0, d.seq, e.sum(-1))
+    out = torch.matmul(e.to(values.dtype), values)  # [J, kv, g, dim]
+    total = out.new_zeros((b, kv, g, dim)).index_add_(0, d.seq, out)
+    return (total / denom[..., None].to(total.dtype)).view(b, heads, dim)
 
 
 def _one(q: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, s: SeqSlice, window: int | None,
