@@ -34,7 +34,7 @@ def served_model(cfg: ConductorConfig) -> ServedModel:
     from mooncake_cli.engine.source import open_source
 
     try:
-        src = open_source(cfg.model, progress=lambda msg: log.info("%s", msg))
+        src = open_source(cfg.model, progress=lambda msg: log.warning("%s", msg))
     except ModelError as e:
         raise ConfigError(str(e)) from None
     mc, chat = src.config, ChatTemplate.from_spec(src.chat)

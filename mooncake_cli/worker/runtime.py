@@ -55,7 +55,8 @@ class WorkerRuntime:
                  registry: Registry | None = None) -> None:
         self.cfg = cfg
         self.draining = threading.Event()
-        self.model = load_model(cfg.model, cfg.device, cfg.dtype)
+        self.model = load_model(cfg.model, cfg.device, cfg.dtype,
+                                progress=lambda msg: log.warning("%s", msg))
         self.ns = self.model.namespace(cfg.block_size)
         self.cache = KVCache(self.ns, cfg.kv_blocks, self.model.device)
         self.cache.allocator = LockedAllocator(cfg.kv_blocks)
