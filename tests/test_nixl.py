@@ -5,6 +5,7 @@ mid-batch is FAILED within the timeout, and `auto` says why it picked what it pi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -171,3 +172,30 @@ def test_bench_puts_nixl_beside_the_api_floor_our_tcp_and_memcpy() -> None:
     assert (rows["ours"]["transport"], rows["tcp"]["transport"]) == ("nixl", "tcp")
     assert all(x["verified"] and x["gbps"] > 0 for x in rows.values())
     assert set(rep["ratios"]) == {"nixl api", "tcp", "memcpy"}
+
+
+def test_where_ucx_has_rdma_or_cuda_auto_picks_nixl_except_same_host_cpu_memory(
+        make_engine) -> None:
+    from mooncake_backends.nixl import NixlTransport
+    from mooncake_backends.shm import ShmTransport
+    from mooncake_backends.tcp import TcpTransport
+
+    from mooncake_cli.transfer.directory import choose
+
+    nixl = NixlTransport()
+    nixl.priority, nixl.fast = 30, "RDMA (mlx5_0:1)"  # as on a host where UCX reports verbs
+    ts = [TcpTransport(), ShmTransport(), nixl]
+    peer = make_engine()
+    peer.allocate(MiB)  # shm-backed CPU memory
+    same_host = peer.descriptor()
+    local = dataclasses.replace(same_host, name="me")
+    assert choose(ts, same_host, local)[0].name == "shm"  # a mapped copy beats any UCX path
+    other_host = dataclasses.replace(same_host, boot_id="another-boot")
+    chosen, why = choose(ts, other_host, local)
+    assert chosen is nixl and why == "nixl: UCX over RDMA (mlx5_0:1)"
+    gpu = dataclasses.replace(same_host, regions=tuple(
+        dataclasses.replace(r, location="cuda:0") for r in same_host.regions))
+    assert choose(ts, gpu, local)[0] is nixl  # GPU memory on this host: CUDA IPC
+    plain = make_engine()
+    plain.register(bytearray(MiB))  # CPU memory without shm: cma beats tcp
+    assert choose(ts, plain.descriptor(), local)[0] is nixl

@@ -27,11 +27,28 @@ class NixlTransport:
             ok, why = ucx.ucx_plugin(self._module)
             if not ok:
                 self._why = why
-        rdma, cuda = ucx.fast_paths()
-        self.fast = (f"RDMA devices {', '.join(rdma)}" if rdma else "") or \
-            (f"CUDA devices {', '.join(cuda)}" if cuda else "")
-        # above shm (20) with RDMA or a GPU; below tcp (10) otherwise: forced only
+        self.fast = self._fast_paths()
+        # above shm (20) where UCX reports RDMA or CUDA; below tcp (10) otherwise: forced only
         self.priority = 30 if self.fast else 5
+
+    def _fast_paths(self) -> str:
+        """What UCX itself reports of RDMA and CUDA transports ("" when none). UCX is asked
+        only where such devices exist (a child process, once), so other hosts pay nothing."""
+        rdma, cuda = ucx.fast_paths()
+        if self._module is None or self._why or not (rdma or cuda):
+            return ""
+        info = ucx.probe(self._module)
+        parts = ([f"RDMA ({', '.join(info.rdma)})"] if info.rdma else []) + \
+            ([f"CUDA ({', '.join(info.cuda)})"] if info.cuda else [])
+        return " and ".join(parts)
+
+    def rank(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> int:
+        """`priority`, but below shm (20) for a same-host peer whose memory is all on the
+        CPU: a mapped copy beats any UCX path there."""
+        same_host = peer.boot_id == local.boot_id and peer.boot_id != ""
+        if same_host and all(r.location.startswith("cpu") for r in peer.regions):
+            return min(self.priority, 15)
+        return self.priority
 
     def available(self) -> tuple[bool, str]:
         if self._module is None or self._why:

@@ -42,10 +42,12 @@ def reaches(t: Transport, peer: SegmentDescriptor, local: SegmentDescriptor) -> 
 
 def choose(transports: list[Transport], peer: SegmentDescriptor,
            local: SegmentDescriptor) -> tuple[Transport | None, str]:
-    """The first transport (best first) that reaches `peer`, and a line saying why each
-    better one did not."""
+    """The best transport that reaches `peer` (by its `rank` for this peer when it has one,
+    else its priority), and a line saying why each better one did not."""
     notes: list[str] = []
-    for t in transports:
+    ranked = sorted(transports, key=lambda t: -(t.rank(peer, local) if hasattr(t, "rank")
+                                                else t.priority))
+    for t in ranked:
         ok, why = reaches(t, peer, local)
         if ok:
             return t, "; ".join([f"{t.name}: {why or 'reachable'}"] + notes)
