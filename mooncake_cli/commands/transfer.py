@@ -34,7 +34,7 @@ def serve(
         region = engine.allocate(size)
         info = {"event": "ready", "segment": engine.name, "address": engine.address,
                 "metadata": cfg.metadata, "offset": region.base, "size": size,
-                "auth": bool(cfg.secret)}
+                "auth": bool(cfg.secret), "transports": sorted(engine.endpoints.by_name)}
         # peers need --metadata too unless it is the p2p default, or the hints fail as shown
         reach = escape(f"--target {engine.name}" + (
             "" if cfg.metadata.strip().lower() in ("p2p", "p2phandshake", "")
@@ -42,7 +42,8 @@ def serve(
         out.event(info, f"serving segment [bold]{escape(engine.name)}[/bold] "
                         f"({human_size(size)} at offset {region.base}, "
                         f"metadata {escape(cfg.metadata)}"
-                        f"{', secret required' if cfg.secret else ''})\n"
+                        f"{', secret required' if cfg.secret else ''}; reachable over "
+                        f"{', '.join(sorted(engine.endpoints.by_name))})\n"
                         f"  write: mooncake transfer write {reach} FILE\n"
                         f"  bench: mooncake bench transfer --mode initiator {reach}\n"
                         "Ctrl-C to stop.")
