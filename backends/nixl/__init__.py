@@ -67,7 +67,7 @@ class NixlTransport:
             return False, "the peer registers no memory with nixl"
         if "nixl" not in peer.extra and not peer.auth:
             return False, "the peer publishes no nixl agent"
-        return True, f"UCX over {self.fast}" if self.fast else "UCX over cma or tcp (no RDMA or CUDA)"
+        return True, f"UCX over {self.fast or 'cma or tcp (no RDMA or CUDA)'}"
 
     def attach(self, engine: EngineSide) -> object:
         from mooncake_backends.nixl.endpoint import NixlEndpoint
