@@ -8,7 +8,7 @@ dataclasses that serialise to JSON, so descriptors can live in etcd or an HTTP s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -203,3 +203,34 @@ class Tier(Protocol):
     def allocate(self, size: int, shared: bool = True) -> Buffer:
         """A zeroed buffer of `size` bytes; `shared` asks for one a same-host peer can map."""
 
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """The order in which a store master evicts its objects. Loaded by name from the
+    `mooncake.eviction_policies` entry-point group (a zero-argument factory per master).
+
+    The master tells the policy of every object that arrives, is used and leaves, and asks it for
+    candidates in order. The rules that hold under every policy stay with the master: objects
+    leased, hard-pinned or still being put are never chosen, soft-pinned ones only after every
+    other. Not thread-safe: the master's lock guards it.
+    """
+
+    name: str
+
+    def admit(self, key: str) -> None:
+        """A new object (a put started, or a client re-registered one the master did not know)."""
+
+    def touch(self, key: str, hit: bool) -> None:
+        """`key` was used: read (`hit`: a get or an exists found it) or renewed (a put ended, a
+        replica was added or re-registered)."""
+
+    def chain(self, keys: Sequence[str]) -> None:
+        """One batch named `keys` in this order: KV blocks of one prefix, each the parent of the
+        next (keys the master does not hold included)."""
+
+    def remove(self, key: str, evicted: bool) -> None:
+        """`key` is gone: `evicted` to make room, else removed, dropped or lost."""
+
+    def victims(self) -> Iterator[str]:
+        """Every admitted key, the first to evict first (consumed lazily, never while the
+        master changes the objects)."""

@@ -152,3 +152,7 @@ app.command("workers")(bench_workers.workers)
 from mooncake_cli.commands import bench_model  # noqa: E402
 
 app.command("model")(bench_model.model)
+
+from mooncake_cli.commands import bench_store_policy  # noqa: E402
+
+app.command("store-policy")(bench_store_policy.store_policy)

@@ -61,6 +61,11 @@ def master(
                                               "[default: 0.9]."),
     eviction_ratio: float = typer.Option(None, "--eviction-ratio",
                                          help="Share of a tier evicted at once [default: 0.05]."),
+    eviction: str = typer.Option(None, "--eviction", metavar="POLICY",
+                                 help="Which objects go first: lru, lfu, adaptive (whichever of "
+                                      "lru, lfu and arc hits most lately), arc, prefix "
+                                      "(KV-block chains: tails first, judged by their heads), "
+                                      "or a policy a plugin registers [default: lru]."),
     metrics_port: int = typer.Option(None, "--metrics-port",
                                      help="Also serve Prometheus /metrics and /health on this "
                                           "HTTP port of the listen address (0 for any free "
@@ -78,12 +83,12 @@ def master(
     cfg = store_config(out, host=host, port=port, secret=secret, lease_ttl=lease_ttl,
                        put_timeout=put_timeout, client_ttl=client_ttl,
                        high_watermark=high_watermark, eviction_ratio=eviction_ratio,
-                       metrics_port=metrics_port, ha=ha)
+                       eviction=eviction, metrics_port=metrics_port, ha=ha)
     with c.stop_signals() as stop, MasterService(
             master_from(cfg), cfg.host, cfg.port, cfg.secret or None,
             metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port) as service:
         ready: dict[str, Any] = {"event": "ready", "address": service.address,
-                                 "auth": bool(cfg.secret)}
+                                 "auth": bool(cfg.secret), "eviction": cfg.eviction}
         if service.metrics_url:
             ready["metrics"] = service.metrics_url
         if cfg.ha:
@@ -94,7 +99,8 @@ def master(
         out.event(ready,
                   f"store master at [bold]{escape(service.address)}[/bold]"
                   f"{', secret required' if cfg.secret else ''}"
-                  f"{', HA candidate (standby until elected)' if cfg.ha else ''}\n"
+                  f"{', HA candidate (standby until elected)' if cfg.ha else ''}, "
+                  f"eviction {escape(cfg.eviction)}\n"
                   f"  node:  mooncake store serve --master {escape(target)}\n"
                   f"  stats: mooncake store stat --master {escape(target)}\n"
                   f"{metrics_line}"
@@ -270,6 +276,13 @@ def stat(
                          for t in data["tiers"]]))
         con.print(table("counters", ["hits", "misses", "evictions", "puts", "gets"],
                         [(stats.hits, stats.misses, stats.evictions, stats.puts, stats.gets)]))
+        if data["policy"]:
+            causes = ", ".join(f"{k} {v}" for k, v in sorted(data["evicted_by"].items()))
+            copied = ", ".join(f"{k} {human_size(v)}" for k, v in
+                               sorted(data["copied_bytes"].items()))
+            con.print(f"eviction {escape(data['policy'])}: hit ratio "
+                      f"{data['hit_ratio']:.3f}; evicted by cause: {causes or 'none'}; "
+                      f"copied: {copied or 'nothing'}")
 
     out.emit(data, human)
 
@@ -279,8 +292,12 @@ def _stats_dict(address: str, stats: StoreStats) -> dict[str, Any]:
     for name, t in sorted(stats.tiers.items()):
         tiers.append({"tier": name, "segments": t.segments, "objects": t.objects,
                       "bytes_used": t.bytes_used, "capacity": t.capacity,
+                      "resident_bytes": t.resident_bytes,
                       "usage": t.bytes_used / t.capacity if t.capacity else 0.0})
     return {"master": address, "objects": stats.objects, "pending": stats.pending,
             "clients": stats.clients, "segments": sum(t["segments"] for t in tiers),
             "tiers": tiers, "hits": stats.hits, "misses": stats.misses,
-            "evictions": stats.evictions, "puts": stats.puts, "gets": stats.gets}
+            "evictions": stats.evictions, "puts": stats.puts, "gets": stats.gets,
+            "policy": stats.policy, "evicted_by": dict(stats.evicted_by),
+            "copied_bytes": dict(stats.copied_bytes),
+            "hit_ratio": stats.hits / stats.gets if stats.gets else 0.0}

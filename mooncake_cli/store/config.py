@@ -27,6 +27,7 @@ class StoreConfig:
     client_ttl: float = 10.0
     high_watermark: float = 0.90
     eviction_ratio: float = 0.05
+    eviction: str = "lru"  # master: eviction policy (lru, lfu, adaptive, arc, prefix, a plugin's)
     ssd_dir: str = ""  # node: directory of its SSD tier (data file + manifest); "" for none
     ssd_size: int = size_field(0, "SSD a node contributes (0: the data file's present size)")
     hugepages: bool = False  # node: DRAM segment on huge pages (falls back with a warning)
@@ -54,3 +55,7 @@ class StoreConfig:
             raise ConfigError("timeout, heartbeat and the TTLs must be positive")
         if not 0 < self.high_watermark <= 1 or not 0 < self.eviction_ratio <= 1:
             raise ConfigError("high_watermark and eviction_ratio must be in (0, 1]")
+        if self.eviction != "lru":
+            from mooncake_cli.store.eviction import make_policy
+
+            make_policy(self.eviction)  # ConfigError naming the known policies

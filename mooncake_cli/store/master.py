@@ -10,9 +10,9 @@ Lifecycle of a key: put_start allocates pending replicas -> the client writes th
 marks them complete (or put_revoke frees them; a put not ended within `put_timeout` is
 discarded). Complete objects are served by get_replica_list / exists, each granting a lease of
 `lease_ttl`; a leased object is neither removed (without force) nor evicted. Above the DRAM
-high watermark, least recently used objects are evicted (see eviction.py), or offloaded to
-their client's SSD segment when it has one (see offload.py). A complete object gains
-replicas through add_replica_start / add_replica_end (see replicas_add.py).
+high watermark, objects are evicted in the order of the eviction policy (see eviction/), or
+offloaded to their client's SSD segment when it has one (see offload.py). A complete object
+gains replicas through add_replica_start / add_replica_end (see replicas_add.py).
 """
 
 from __future__ import annotations
@@ -81,13 +81,13 @@ class StoreMaster(ReplicaAdding):
                                         f"{tier} segments that large; {have} mounted")
             replicas = self._segments.allocate(size, n, tier, config.preferred_segment)
             if not replicas and tier == "dram":
-                self._evict(now, n * self._segments.aligned(size))
+                self._evict(now, n * self._segments.aligned(size), "room")
                 replicas = self._segments.allocate(size, n, tier, config.preferred_segment)
             if not replicas:
                 raise NoAvailableHandle(f"no room for {n} replica(s) of {size} bytes in the "
                                         f"{tier} tier")
-            self._objects[key] = ObjectMeta(key, size, tuple(replicas), config, now, now,
-                                            put_deadline=now + self.put_timeout)
+            self._admit(ObjectMeta(key, size, tuple(replicas), config, now, now,
+                                   put_deadline=now + self.put_timeout))
             self._relieve(now)
             return tuple(replicas)
 
@@ -210,16 +210,26 @@ class StoreMaster(ReplicaAdding):
         sums: Sequence[str | None] = [None] * len(keys) if checksums is None else checksums
         if len(sums) != len(keys):
             raise InvalidParams(f"{len(keys)} keys but {len(sums)} checksums")
-        return self._each([*zip(keys, sums, strict=True)], lambda ks: self.put_end(ks[0], ks[1]))
+        with self._lock:
+            out = self._each([*zip(keys, sums, strict=True)],
+                             lambda ks: self.put_end(ks[0], ks[1]))
+            self._chain(keys)
+            return out
 
     def batch_put_revoke(self, keys: Sequence[str]) -> Results[None]:
         return self._each(keys, self.put_revoke)
 
     def batch_get_replica_list(self, keys: Sequence[str]) -> Results[tuple[Replica, ...]]:
-        return self._each(keys, self.get_replica_list)
+        with self._lock:
+            out = self._each(keys, self.get_replica_list)
+            self._chain(keys)
+            return out
 
     def batch_exists(self, keys: Sequence[str]) -> Results[bool]:
-        return self._each(keys, self.exists)
+        with self._lock:
+            out = self._each(keys, self.exists)
+            self._chain(keys)
+            return out
 
     def batch_describe(self, keys: Sequence[str]) -> Results[ObjectMeta]:
         return self._each(keys, self.describe)

@@ -174,9 +174,11 @@ class Membership(MasterCore):
             tiers = {}
             for tier in TIERS:
                 n, used, cap = self._segments.totals(tier)
-                objs = sum(1 for m in self._objects.values()
-                           if m.complete and any(r.tier == tier for r in m.replicas))
-                tiers[tier] = TierStats(n, objs, used, cap)
+                held = [sum(r.size for r in m.replicas if r.tier == tier)
+                        for m in self._objects.values() if m.complete]
+                tiers[tier] = TierStats(n, sum(1 for b in held if b), used, cap, sum(held))
             complete = sum(1 for m in self._objects.values() if m.complete)
             return StoreStats(tiers, complete, len(self._objects) - complete,
-                              len(self._clients), **self._counts, clock=time.time())
+                              len(self._clients), **self._counts, clock=time.time(),
+                              policy=self.policy.name, evicted_by=dict(self._evicted_by),
+                              copied_bytes=dict(self._copied))

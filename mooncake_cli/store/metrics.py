@@ -6,8 +6,11 @@
 
 /metrics is Prometheus' text exposition format (version 0.0.4), built from `StoreMaster.stats()`
 at each scrape: gauges for objects, pending puts, clients, and per tier (label `tier`) segments,
-objects, bytes used and capacity; counters for hits, misses, evictions, puts and gets since the
-master started. /health answers 200 {"status":"ok"} while the server runs; any other path 404.
+objects, bytes used, resident bytes and capacity; counters for hits, misses, evictions, puts and
+gets since the master started; the eviction policy (`eviction_policy{policy=...} 1`), hits and
+misses labelled with it, evictions by cause and bytes copied by kind (`replica`: between nodes;
+`offload`, `promote`: between the tiers of one node). /health answers 200 {"status":"ok"} while
+the server runs; any other path 404.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 
 from mooncake_cli.httpserve import BackgroundHTTPServer
-from mooncake_cli.store.records import StoreStats
+from mooncake_cli.store.records import COPY_KINDS, EVICTION_CAUSES, StoreStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "mooncake_store_"
@@ -57,7 +60,31 @@ def render(stats: StoreStats) -> str:
         ("gets_total", stats.gets, "Replica-list requests served."))
     for name, value, help_ in counters:
         metric(name, "counter", help_, [({}, value)])
+    _policy_metrics(stats, metric)
     return "\n".join(lines) + "\n"
+
+
+def _policy_metrics(stats: StoreStats, metric: Callable[..., None]) -> None:
+    tiers = sorted(stats.tiers.items())
+    metric("resident_bytes", "gauge", "Bytes of the complete replicas per tier.",
+           [({"tier": t}, s.resident_bytes) for t, s in tiers])
+    if not stats.policy:
+        return
+    pol = {"policy": stats.policy}
+    metric("eviction_policy", "gauge", "The eviction policy the master runs (always 1).",
+           [(pol, 1)])
+    metric("policy_hits_total", "counter", "Replica-list requests that found a complete "
+           "object, by eviction policy.", [(pol, stats.hits)])
+    metric("policy_misses_total", "counter", "Replica-list requests for a missing or unfinished "
+           "object, by eviction policy.", [(pol, stats.misses)])
+    causes = [*EVICTION_CAUSES, *sorted(set(stats.evicted_by) - set(EVICTION_CAUSES))]
+    metric("evictions_by_cause_total", "counter", "Evictions by cause: room for a put, above "
+           "the high watermark, an evict request, room on one segment for a promotion or a "
+           "replica, room on a full SSD tier.",
+           [({**pol, "cause": c}, stats.evicted_by.get(c, 0)) for c in causes])
+    metric("copied_bytes_total", "counter", "Bytes copied on the master's orders: replica "
+           "(added on another node), offload and promote (between the tiers of one node).",
+           [({"kind": k}, stats.copied_bytes.get(k, 0)) for k in COPY_KINDS])
 
 
 def _escape(value: str) -> str:

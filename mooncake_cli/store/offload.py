@@ -93,6 +93,7 @@ class Offloading(Membership):
             keep = (dst, *meta.replicas)
         self._objects[move.key] = replace(meta, replicas=keep)
         self._counts["offloads" if move.kind == "offload" else "promotions"] += 1
+        self._copied[move.kind] = self._copied.get(move.kind, 0) + meta.size
         return True
 
     # -- scheduling (lock held) -------------------------------------------------------------------
@@ -105,28 +106,28 @@ class Offloading(Membership):
         over = used - self._moves.freeing() - self.high_watermark * cap
         if cap == 0 or over <= 0:
             return []
-        return self._make_room(now, int(over) + 1)
+        return self._make_room(now, int(over) + 1, "watermark")
 
-    def _evict(self, now: float, need: int) -> list[str]:
+    def _evict(self, now: float, need: int, cause: str) -> list[str]:
         """Room wanted now (a put found none): without SSD segments, plain eviction; with them,
         `_make_room` (an offload frees its DRAM only once copied, so the put may still fail)."""
         if self._segments.totals("ssd")[0] == 0:
-            return super()._evict(now, need)
-        return self._make_room(now, need)
+            return super()._evict(now, need, cause)
+        return self._make_room(now, need, cause)
 
-    def _make_room(self, now: float, need: int) -> list[str]:
-        """Free at least max(`need`, eviction_ratio x capacity) DRAM bytes, least recently used
-        first: an object with an SSD copy loses its DRAM replicas, one whose client has SSD
+    def _make_room(self, now: float, need: int, cause: str) -> list[str]:
+        """Free at least max(`need`, eviction_ratio x capacity) DRAM bytes, in the policy's
+        order: an object with an SSD copy loses its DRAM replicas, one whose client has SSD
         room is offloaded, any other is evicted. The keys evicted (DRAM replicas dropped)."""
         need = max(need, int(self.eviction_ratio * self._segments.totals("dram")[2]))
-        idle = [m for m in self._objects.values() if m.key not in self._moves]
+        idle = self._ordered(lambda m: m.key not in self._moves)
         evicted = []
         for chosen in choose_victims(idle, need, now, "dram", self._segments.aligned):
             meta = self._objects.get(chosen.key)  # an SSD eviction may have changed it
             if meta is None or not any(r.tier == "dram" for r in meta.replicas):
                 continue
             if not self._offload(meta, now):
-                self._shed(meta)
+                self._shed(meta, cause)
                 evicted.append(meta.key)
         return evicted
 
@@ -148,13 +149,13 @@ class Offloading(Membership):
 
     def _evict_ssd(self, segment: str, incoming: ObjectMeta, now: float) -> bool:
         """Make room for `incoming` on the SSD mounts of `segment` by evicting the SSD replicas
-        there of least recently used objects (never leased or hard-pinned ones); whether any
+        there of objects in the policy's order (never leased or hard-pinned ones); whether any
         went. The SSD tier is a cache too: newer evictions displace older ones."""
         def here(m: ObjectMeta) -> bool:
             return m.key not in self._moves and m is not incoming and any(
                 r.tier == "ssd" and r.segment == segment for r in m.replicas)
 
-        victims = choose_victims([m for m in self._objects.values() if here(m)],
+        victims = choose_victims(self._ordered(here),
                                  self._segments.aligned(incoming.size), now, "ssd",
                                  self._segments.aligned)
         for meta in victims:
@@ -168,8 +169,8 @@ class Offloading(Membership):
             if keep:
                 self._objects[meta.key] = replace(meta, replicas=keep)
             else:
-                del self._objects[meta.key]
-            self._counts["evictions"] += 1
+                self._forget(meta.key, evicted=True)
+            self._count_eviction("ssd")
         return bool(victims)
 
     def _promote(self, meta: ObjectMeta, now: float) -> None:
@@ -187,19 +188,20 @@ class Offloading(Membership):
                     return
             if attempt == 0:
                 for seg_name in {r.segment for r in meta.replicas}:
-                    self._evict_on(seg_name, self._segments.aligned(meta.size), now)
+                    self._evict_on(seg_name, self._segments.aligned(meta.size), now,
+                                   "promotion")
 
-    def _evict_on(self, segment: str, need: int, now: float) -> list[str]:
+    def _evict_on(self, segment: str, need: int, now: float, cause: str) -> list[str]:
         """Free >= `need` bytes of DRAM on transfer segment `segment` alone (room wanted there,
-        not anywhere), least recently used objects first (none with a move under way): a
+        not anywhere), in the policy's order (no object with a move under way): a
         replica there goes at once when its object keeps another in DRAM; else as `_make_room`
         does (DRAM dropped when on SSD too, offloaded when there is SSD room: freed once copied,
         evicted otherwise). The keys evicted (DRAM replicas dropped)."""
         def here(r: Replica) -> bool:
             return r.tier == "dram" and r.segment == segment
 
-        candidates = [m for m in self._objects.values()
-                      if m.key not in self._moves and any(here(r) for r in m.replicas)]
+        candidates = self._ordered(lambda m: m.key not in self._moves and
+                                   any(here(r) for r in m.replicas))
         freed, lost = 0, []
         for meta in choose_victims(candidates, sys.maxsize, now, "dram", self._segments.aligned):
             if freed >= need:
@@ -210,9 +212,9 @@ class Offloading(Membership):
             if any(r.tier == "dram" for r in keep):
                 self._segments.release_all(gone)
                 self._objects[meta.key] = replace(meta, replicas=keep)
-                self._counts["evictions"] += 1
+                self._count_eviction(cause)
             elif not self._offload(meta, now):
-                self._shed(meta)
+                self._shed(meta, cause)
                 lost.append(meta.key)
         return lost
 

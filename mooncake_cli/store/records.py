@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from mooncake_cli.store.errors import InvalidKey, InvalidParams
@@ -181,6 +181,7 @@ class TierStats:
     objects: int  # objects with at least one complete replica on this tier
     bytes_used: int  # allocated bytes (alignment included, pending puts included)
     capacity: int
+    resident_bytes: int = 0  # bytes of the complete replicas on this tier
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,18 @@ class StoreStats:
     promotions: int = 0  # SSD-only objects copied back into DRAM after a get
     moves: int = 0  # offloads and promotions under way
     clock: float = 0.0  # the master's wall clock (Unix seconds) at the snapshot; 0: unknown
+    policy: str = ""  # the eviction policy's name ("" from a master that does not say)
+    evicted_by: Mapping[str, int] = field(default_factory=dict)  # see EVICTION_CAUSES
+    copied_bytes: Mapping[str, int] = field(default_factory=dict)  # see COPY_KINDS
+
+
+# Why an object was evicted: room for a put (`room`), above the high watermark (`watermark`), an
+# `evict` call (`request`), room on one segment for a promotion or an added replica
+# (`promotion`, `replica`), room on a full SSD tier (`ssd`). Bytes the master had copied, by
+# kind: `replica` (added on another segment: between nodes), `offload` and `promote` (between the
+# tiers of one node).
+EVICTION_CAUSES = ("room", "watermark", "request", "promotion", "replica", "ssd")
+COPY_KINDS = ("replica", "offload", "promote")
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ class ReplicaAdding(Offloading):
             self._lease(meta, now)  # in use: not evicted to make room for its own copy
             r = self._segments.allocate_on(segment, size, "dram")
             if r is None:
-                self._evict_on(segment, need, now)
+                self._evict_on(segment, need, now, "replica")
                 r = self._segments.allocate_on(segment, size, "dram")
             if r is None:
                 raise NoAvailableHandle(f"no room for a replica of {size} bytes on {segment}")
@@ -165,6 +165,7 @@ class ReplicaAdding(Offloading):
                 raise
             done = replace(p.replica, checksum=p.checksum, status=ReplicaStatus.COMPLETE)
             self._store(replace(meta, replicas=meta.replicas + (done,), last_access=now))
+            self._copied["replica"] = self._copied.get("replica", 0) + meta.size
 
     def add_replica_revoke(self, key: str, segment: str) -> None:
         """Abandon the add of a replica of `key` on `segment`; its block is freed."""
@@ -228,8 +229,8 @@ class ReplicaAdding(Offloading):
             self._segments.release(p.replica)
         super()._drop(key)
 
-    def _shed(self, meta: ObjectMeta) -> None:
-        super()._shed(meta)
+    def _shed(self, meta: ObjectMeta, cause: str) -> None:
+        super()._shed(meta, cause)
         if meta.key not in self._objects:
             for p in self._adds.pop_key(meta.key):
                 self._segments.release(p.replica)

@@ -5,9 +5,10 @@
     service.close()
 
 `python -m mooncake_cli.store.service --port P [--host H] [--secret S] [--client-ttl T ...]
-[--metrics-port M] [--ha etcd://H:P[/CLUSTER]]` prints one JSON line {"event": "ready",
-"address": "H:P"} (with "metrics": "http://H:M/metrics" when --metrics-port is given, "ha" with
---ha) and serves until SIGTERM or SIGINT; with --ha it serves only while elected (election.py).
+[--eviction POLICY] [--metrics-port M] [--ha etcd://H:P[/CLUSTER]]` prints one JSON line
+{"event": "ready", "address": "H:P"} (with "metrics": "http://H:M/metrics" when --metrics-port
+is given, "ha" with --ha) and serves until SIGTERM or SIGINT; with --ha it serves only while
+elected (election.py).
 
 With `metrics_port` (0 picks a free one) the service also serves Prometheus /metrics and /health
 on that HTTP port of the same host (see mooncake_cli.store.metrics); None, the default, is off.
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="serve Prometheus /metrics and /health here (0: any free port)")
     ap.add_argument("--ha", help="etcd://HOST:PORT[,...][/CLUSTER]: run as an HA candidate")
     ap.add_argument("--config", help="TOML file with a [store] table")
+    ap.add_argument("--eviction", help="eviction policy: lru (default), lfu, adaptive, arc, "
+                                       "prefix or a plugin's")
     for name in ("lease-ttl", "put-timeout", "client-ttl", "high-watermark", "eviction-ratio"):
         ap.add_argument(f"--{name}", type=float)
     args = vars(ap.parse_args(argv))
@@ -222,7 +225,7 @@ def master_from(cfg: StoreConfig) -> StoreMaster:
     """A master with the policy of `cfg`."""
     return StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
                        client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
-                       eviction_ratio=cfg.eviction_ratio)
+                       eviction_ratio=cfg.eviction_ratio, eviction=cfg.eviction)
 
 
 if __name__ == "__main__":

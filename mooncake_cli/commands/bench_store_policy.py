@@ -1,0 +1,117 @@
+"""`mooncake bench store-policy`: eviction policies on a trace's KV-block accesses, replayed
+through the real store master, next to Belady's bound and the infinite-cache ceiling."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.table import Table
+
+from mooncake_cli.bench.sim_plot import require_matplotlib
+from mooncake_cli.bench.trace_file import load_trace
+from mooncake_cli.output import Out
+from mooncake_cli.store.eviction.compare import compare, parse_policies, parse_shares
+
+
+def _human(rep: dict[str, Any], plot: str | None) -> Any:
+    def draw(con: Console) -> None:
+        rows = rep["capacities"]
+        t = Table(title=f"bench store-policy: {rep['requests']} requests, {rep['blocks']} block "
+                        f"accesses, {rep['distinct_blocks']} distinct blocks",
+                  title_justify="left", box=box.SIMPLE_HEAD, caption_justify="left",
+                  caption="prefix-hit ratio: per request, the leading blocks found, over all "
+                          "block accesses; xN: over LRU's. belady: the optimal per-block hit "
+                          "ratio at that capacity, a bound on any policy's prefix-hit ratio")
+        t.add_column("policy", no_wrap=True)
+        for row in rows:
+            t.add_column(f"{row['share']:.0%} ({row['capacity']} blocks)", justify="right",
+                         no_wrap=True)
+        for name in rows[0]["policies"]:
+            cells = []
+            for row in rows:
+                r = row["policies"][name]
+                x = r["vs_lru"]
+                cells.append(f"{r['prefix_hit_ratio']:.3f}" +
+                             (f" x{x:.2f}" if x is not None and name != "lru" else ""))
+            t.add_row(name, *cells)
+        t.add_row("belady (bound)", *(f"{r['belady']['block_hit_ratio']:.3f}" for r in rows))
+        t.add_row("infinite cache", *(f"{rep['ceiling']['prefix_hit_ratio']:.3f}" for _ in rows))
+        con.print(t)
+        if plot:
+            con.print(f"wrote {plot}")
+    return draw
+
+
+def _plot(rep: dict[str, Any], path: str) -> None:
+    plt = require_matplotlib()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    rows = rep["capacities"]
+    xs = [r["share"] * 100 for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in rows[0]["policies"]:
+        ax.plot(xs, [r["policies"][name]["prefix_hit_ratio"] for r in rows], marker="o",
+                label=name)
+    ax.plot(xs, [r["belady"]["block_hit_ratio"] for r in rows], "k--", marker="^",
+            label="belady (bound)")
+    ax.axhline(rep["ceiling"]["prefix_hit_ratio"], color="grey", linestyle=":",
+               label="infinite cache")
+    ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{x:g}%" for x in xs])
+    ax.set_xlabel("capacity (share of the trace's distinct blocks)")
+    ax.set_ylabel("prefix-hit ratio")
+    ax.set_title(f"store eviction policies: {rep['requests']} requests")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+class _Bars:
+    def __init__(self, console: Console) -> None:
+        self.bar = Progress(TextColumn("{task.description:<22}"), BarColumn(),
+                            MofNCompleteColumn(), console=console, transient=True)
+        self._tasks: dict[str, TaskID] = {}
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        task = self._tasks.get(label)
+        if task is None:
+            task = self._tasks[label] = self.bar.add_task(label, total=total)
+        self.bar.update(task, completed=done)
+
+
+def store_policy(
+    ctx: typer.Context,
+    trace_file: str = typer.Option(..., "--trace", metavar="FILE", help="Mooncake-format "
+                                   "JSONL trace (hash_ids of 512-token blocks)."),
+    policy: str = typer.Option(None, "--policy", help="all (default: lru, lfu, adaptive, arc, "
+                               "prefix) or comma-separated policy names, plugins' included."),
+    capacity: str = typer.Option(None, "--capacity", help="Capacities as shares of the "
+                                 "trace's distinct blocks [default: 1%,5%,20%]."),
+    limit: int = typer.Option(None, "--limit", help="Only the first N requests."),
+    plot: str = typer.Option(None, "--plot", metavar="FILE", help="Also draw the ratios "
+                             "against capacity to this PNG (needs matplotlib)."),
+) -> None:
+    """Replay a trace's block accesses through the store master under each eviction policy
+    and print the prefix-hit ratio per policy and capacity, next to Belady's optimal bound
+    (from the future accesses) and the infinite-cache ceiling."""
+    out: Out = ctx.obj
+    names = parse_policies(policy)
+    shares = parse_shares(capacity)
+    if plot:
+        require_matplotlib()  # fail before a long run, not after it
+    requests = [r.hash_ids for r in load_trace(trace_file, limit=limit)]
+    if out.json:
+        rep = compare(requests, names, shares)
+    else:
+        bars = _Bars(out.err)
+        with bars.bar:
+            rep = compare(requests, names, shares, bars)
+    if plot:
+        _plot(rep, plot)
+        rep["plot"] = plot
+    out.emit(rep, _human(rep, plot))
