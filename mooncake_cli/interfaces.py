@@ -164,7 +164,12 @@ class Endpoint(Protocol):
 @runtime_checkable
 class Transport(Protocol):
     """A way to reach peer segments. Loaded from the `mooncake.transports` entry-point group.
-    One object serves every engine of a process; `attach` gives each engine its endpoint."""
+    One object serves every engine of a process; `attach` gives each engine its endpoint.
+
+    Optional members the engine uses when present: `batched = True` (its channels are
+    `BatchChannel`s: each batch's requests for a peer go to one `post`, never cut),
+    `rank(peer, local) -> int` (its priority for that peer, e.g. below shm for same-host CPU
+    memory) and `why_priority() -> str` (when `auto` picks it, for `mooncake plugins`)."""
 
     name: str
     priority: int  # higher wins when several transports can reach a peer
