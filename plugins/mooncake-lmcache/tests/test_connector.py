@@ -3,8 +3,13 @@ plugin into a real store master and node in other processes, and reading it back
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -17,6 +22,7 @@ from mooncake_lmcache.procs import StoreProcs
 
 LAYOUT = h.KVLayout(num_layers=4, num_heads=2, head_size=64, chunk_size=256)
 N = 600  # two full chunks and a partial one
+ENGINE_PROC = Path(__file__).with_name("engine_proc.py")
 T = TypeVar("T")
 
 
@@ -138,3 +144,20 @@ def test_the_store_going_away_is_a_clean_miss(store: StoreProcs, inspector: Stor
         assert time.monotonic() - began < 10
     finally:
         h.destroy(reader)
+
+
+def engine_proc(master: str, mode: str, seed: int) -> dict[str, object]:
+    # without vLLM, LMCache hashes chunks with Python's hash(): processes sharing chunks need
+    # one PYTHONHASHSEED
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    r = subprocess.run([sys.executable, str(ENGINE_PROC), "--master", master, mode,
+                        "--tokens", str(N), "--seed", str(seed)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def test_an_engine_in_another_process_reads_what_one_stored(store: StoreProcs) -> None:
+    assert engine_proc(store.master, "store", 8) == {"stored": True}
+    # the writer's process has exited; the chunks live on the store node
+    assert engine_proc(store.master, "retrieve", 8) == {"hit": N, "retrieved": N, "same": True}
