@@ -199,3 +199,21 @@ def test_where_ucx_has_rdma_or_cuda_auto_picks_nixl_except_same_host_cpu_memory(
     plain = make_engine()
     plain.register(bytearray(MiB))  # CPU memory without shm: cma beats tcp
     assert choose(ts, plain.descriptor(), local)[0] is nixl
+
+
+def test_a_plain_buffer_unregistered_by_the_peer_is_refused_after_the_refresh(
+        make_engine) -> None:
+    from mooncake_backends.nixl.channel import REFRESH
+
+    tgt = make_engine()
+    keep, gone = tgt.register(bytearray(MiB)), tgt.register(bytearray(MiB))
+    eng = make_engine(transport="nixl")
+    src = eng.register(bytearray(b"\x5a" * MiB))
+    assert eng.transfer(Op.WRITE, src, 0, tgt.name, gone.base, MiB).state is State.COMPLETED
+    tgt.unregister(gone)  # still mapped: the bytearray lives on in `gone.keep`
+    gone.view[:] = bytes(MiB)
+    time.sleep(REFRESH + 0.1)
+    [st] = eng.submit([TransferRequest(Op.WRITE, src, 0, tgt.name, gone.base, MiB)]).wait(10)
+    assert st.state is State.FAILED and "bounds" in st.reason
+    assert bytes(gone.view) == bytes(MiB)  # nothing landed in the unregistered buffer
+    assert eng.transfer(Op.WRITE, src, 0, tgt.name, keep.base, MiB).state is State.COMPLETED

@@ -20,6 +20,7 @@ from mooncake_cli.transfer.client import TargetClient
 
 Table = list[tuple[int, int, str, int, int]]  # (base, length, mem, address, device)
 SPIN = 0.002  # seconds a batch is polled in the posting thread before the poller takes it
+REFRESH = 1.0  # seconds a peer's region table is trusted before it is fetched again
 
 
 def table_of(desc: SegmentDescriptor) -> Table:
@@ -47,6 +48,7 @@ class NixlChannel:
             self.peer = self._describe()
         self.remote = ep.load_peer(self.peer)
         self._table = table_of(self.peer)
+        self._fetched = time.monotonic()
 
     def _describe(self) -> SegmentDescriptor:
         client = TargetClient(self.peer.host, self.peer.port, self._secret, self._timeout)
@@ -59,6 +61,7 @@ class NixlChannel:
         self.peer = self._describe()
         self.remote = self.ep.load_peer(self.peer, reconnect)
         self._table = table_of(self.peer)
+        self._fetched = time.monotonic()
 
     def _find(self, off: int, n: int) -> tuple[str, int, int] | None:
         for base, length, mem, addr, dev in self._table:
@@ -113,6 +116,11 @@ class NixlChannel:
     def post(self, slices: Sequence[Slice], done: Callable[[int, str | None], None],
              timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        if deadline - timeout - self._fetched > REFRESH and not self.broken:
+            try:  # one-sided: only a fresh table shows regions the peer has unregistered
+                self._refresh()
+            except TransferError:
+                self.broken = True
         running: list[tuple[int, Slice, Any]] = []
         for k, s in enumerate(slices):
             if s.length == 0:
