@@ -200,7 +200,7 @@ PROSE: dict[str, dict[str, Any]] = {
     },
     "doctor": {
         "description": [
-            "doctor runs seven groups of checks and prints one row per check: its status (ok, "
+            "doctor runs eight groups of checks and prints one row per check: its status (ok, "
             "warn, fail or skipped), the evidence it rests on, and the fix. install: Python, "
             "torch, every plugin, pyverbs. environment: proxy variables that would capture "
             "cluster traffic unless no_proxy covers the hosts, the hostname resolving to a "
@@ -211,7 +211,11 @@ PROSE: dict[str, dict[str, Any]] = {
             "segments mounted, capacity used. rdma, per device and port: state, link layer, "
             "active MTU (against --peer-mtu), the GID table and the GID index to use with the "
             "reason, memlock against the planned registration, max_mr_size, /dev/infiniband "
-            "access, GPU peer memory. memory: hugepages free against the segment, NUMA layout, "
+            "access, GPU peer memory. nixl: the package, UCX's version, the transports and "
+            "devices UCX itself reports (verbs, cuda_ipc, gdr_copy, cma, tcp), cma between "
+            "processes, RDMA devices UCX cannot use, CUDA, and whether GPUDirect RDMA can work "
+            "(against a captured --sysfs-root only the package and UCX are checked). memory: "
+            "hugepages free against the segment, NUMA layout, "
             "free RAM. network: the ephemeral port range, TIME_WAIT sockets, a live loopback "
             "transfer through the transfer engine and, with --peer, a probe and a one-second "
             "bandwidth test.",

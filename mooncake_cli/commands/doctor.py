@@ -58,8 +58,8 @@ def doctor(
     loopback: bool = typer.Option(True, "--loopback/--no-loopback",
                                   help="Run the live loopback transfer."),
 ) -> None:
-    """Check install, environment, metadata, master, RDMA, memory and network; say how to fix
-    what is wrong. Exits 1 when a check fails."""
+    """Check install, environment, metadata, master, RDMA, NIXL/UCX, memory and network; say
+    how to fix what is wrong. Exits 1 when a check fails."""
     from mooncake_cli.doctor.runner import run
 
     out: Out = ctx.obj
