@@ -1,10 +1,10 @@
 """Telling each client what lives in its DRAM segment, so the owner of the bytes can rebuild a
 master's index after a restart or a failover, whoever wrote them.
 
-The master's object table is an `ObjectIndex`: every change of an object's complete DRAM
-replicas is noted in the `Journal` of the client whose segment holds the replica (a `Held` when
-one appears: put ended, re-registered, promoted; a `Gone` when it goes: removed, evicted,
-offloaded). A client polls with the journal's epoch and the last sequence number it applied
+The master's state (master/state.py) tells the `ReportBook` of every change of an object's
+complete DRAM replicas, which notes it in the `Journal` of the client whose segment holds it
+(a `Held` when one appears: put ended, re-registered, promoted; a `Gone` when it goes: removed,
+evicted, offloaded). A client polls with the journal's epoch and the last sequence number it applied
 (`ack`); the reply carries every change after `ack` (at most MAX_REPORT), so a lost reply is
 simply sent again. A journal starts at the client's first poll with a snapshot of what its
 segment holds then (`reset`: the client replaces what it knew); changes to one slot (key,
@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from mooncake_cli.store.records import (
     ObjectMeta,
@@ -152,34 +151,3 @@ class ReportBook:
     def drop(self, client_id: str) -> None:
         """Forget the journal of a client that left (its next poll starts a new one)."""
         self._journals.pop(client_id, None)
-
-
-_set = OrderedDict.__setitem__
-
-
-class ObjectIndex(OrderedDict[str, ObjectMeta]):
-    """The master's objects, least recently used first, telling `on_change(old, new)` of every
-    change to an object's replicas (a lease or an access alone tells nothing)."""
-
-    def __init__(self, on_change: Callable[[ObjectMeta | None, ObjectMeta | None], None]) -> None:
-        super().__init__()
-        self._on_change = on_change
-
-    def __setitem__(self, key: str, meta: ObjectMeta) -> None:
-        old = self.get(key)
-        _set(self, key, meta)
-        if old is None or old.replicas is not meta.replicas or \
-                (old.put_deadline is None) is not (meta.put_deadline is None):
-            self._on_change(old, meta)
-
-    def __delitem__(self, key: str) -> None:
-        old = self[key]
-        super().__delitem__(key)
-        self._on_change(old, None)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        if key not in self:
-            return super().pop(key, *default)
-        old = self[key]
-        del self[key]
-        return old

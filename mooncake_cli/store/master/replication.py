@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from mooncake_cli.store.errors import (
     InvalidParams,
@@ -26,13 +26,13 @@ from mooncake_cli.store.errors import (
     SegmentNotFound,
     StoreError,
 )
-from mooncake_cli.store.offload import Offloading
+from mooncake_cli.store.master.eviction import Eviction
+from mooncake_cli.store.master.state import MasterState
 from mooncake_cli.store.records import (
     ObjectMeta,
     Replica,
     ReplicaStatus,
     Segment,
-    TickReport,
     check_key,
     check_size,
 )
@@ -88,12 +88,16 @@ def object_checksum(meta: ObjectMeta) -> str:
     return str(next(iter(sums)))
 
 
-class ReplicaAdding(Offloading):
-    """Replica adds on top of the master's core, membership and tier moves."""
+class Replication:
+    """Replica adds over the master's state; room on a segment made by `eviction`."""
 
-    def __init__(self, **settings: Any) -> None:
-        super().__init__(**settings)
+    def __init__(self, state: MasterState, eviction: Eviction) -> None:
+        self.state = state
+        self.eviction = eviction
         self._adds = AddBook()
+        state.on_drop.insert(0, self._dropped)  # before the moves' book: as before
+        state.on_shed.append(self._shed)
+        state.on_lost.append(self._lost)
 
     def add_replica_start(self, key: str, segment: str, size: int) -> Replica:
         """Allocate a pending DRAM replica of complete object `key` (`size` bytes, which must be
@@ -101,10 +105,11 @@ class ReplicaAdding(Offloading):
         check_key(key)
         _check_segment(segment)
         check_size(size)
-        with self._lock:
-            now = self.now()
-            self._expire_adds(now)
-            meta = self._live(key, now)
+        with self.state.lock:
+            now = self.state.now()
+            self.expire(now)
+            st = self.state
+            meta = st.live(key, now)
             if not meta.complete:
                 raise ReplicaNotReady(f"the put of {key!r} has not ended")
             if size != meta.size:
@@ -114,22 +119,22 @@ class ReplicaAdding(Offloading):
                     self._adds.adds:
                 raise ObjectAlreadyExists(f"object {key!r} already has a replica on {segment} "
                                           f"(or one being added)")
-            mounts = [s for s in self._segments.segments()
+            mounts = [s for s in st.segments.segments()
                       if s.name == segment and s.tier == "dram"]
             if not mounts:
                 raise SegmentNotFound(f"no DRAM segment {segment} is mounted")
-            need = self._segments.aligned(size)
+            need = st.segments.aligned(size)
             if all(s.size < need for s in mounts):
                 raise NoAvailableHandle(f"segment {segment} is smaller than {size} bytes")
-            self._lease(meta, now)  # in use: not evicted to make room for its own copy
-            r = self._segments.allocate_on(segment, size, "dram")
+            st.lease(meta, now)  # in use: not evicted to make room for its own copy
+            r = st.segments.allocate_on(segment, size, "dram")
             if r is None:
-                self._evict_on(segment, need, now, "replica")
-                r = self._segments.allocate_on(segment, size, "dram")
+                self.eviction.evict_on(segment, need, now, "replica")
+                r = st.segments.allocate_on(segment, size, "dram")
             if r is None:
                 raise NoAvailableHandle(f"no room for a replica of {size} bytes on {segment}")
-            self._adds.adds[(key, segment)] = PendingAdd(r, csum, now + self.put_timeout)
-            self._relieve(now)
+            self._adds.adds[(key, segment)] = PendingAdd(r, csum, now + st.put_timeout)
+            self.eviction.relieve(now)
             return r
 
     def add_replica_end(self, key: str, segment: str, checksum: str) -> None:
@@ -140,17 +145,18 @@ class ReplicaAdding(Offloading):
         _check_segment(segment)
         if not isinstance(checksum, str):
             raise InvalidParams("checksum must be a string")
-        with self._lock:
-            now = self.now()
-            self._expire_adds(now)
+        with self.state.lock:
+            now = self.state.now()
+            self.expire(now)
             p = self._adds.adds.pop((key, segment), None)
             if p is None:
                 raise ObjectNotFound(f"no replica of {key!r} is being added on {segment} "
                                      f"(never started, ended, revoked or timed out)")
-            meta = self._objects.get(key)
+            st = self.state
+            meta = st.objects.get(key)
             try:
                 if meta is None or not meta.complete or meta.size != p.replica.size \
-                        or self._segments.locate(p.replica) is None:
+                        or st.segments.locate(p.replica) is None:
                     raise ObjectNotFound(f"object {key!r} or segment {segment} went away while "
                                          f"the replica was written")
                 if checksum != p.checksum or object_checksum(meta) != p.checksum:
@@ -161,25 +167,25 @@ class ReplicaAdding(Offloading):
                     raise ObjectAlreadyExists(f"object {key!r} already has a replica on "
                                               f"{segment}")
             except StoreError:
-                self._segments.release(p.replica)
+                st.segments.release(p.replica)
                 raise
             done = replace(p.replica, checksum=p.checksum, status=ReplicaStatus.COMPLETE)
-            self._store(replace(meta, replicas=meta.replicas + (done,), last_access=now))
-            self._copied["replica"] = self._copied.get("replica", 0) + meta.size
+            st.keep(replace(meta, replicas=meta.replicas + (done,), last_access=now))
+            st.count_copy("replica", meta.size)
 
     def add_replica_revoke(self, key: str, segment: str) -> None:
         """Abandon the add of a replica of `key` on `segment`; its block is freed."""
         check_key(key)
         _check_segment(segment)
-        with self._lock:
+        with self.state.lock:
             p = self._adds.adds.pop((key, segment), None)
             if p is None:
                 raise ObjectNotFound(f"no replica of {key!r} is being added on {segment}")
-            self._segments.release(p.replica)
+            self.state.segments.release(p.replica)
 
     def adds_pending(self) -> int:
         """Replica adds started and not yet ended."""
-        with self._lock:
+        with self.state.lock:
             return len(self._adds.adds)
 
     # -- batch forms -----------------------------------------------------------------------------
@@ -187,7 +193,7 @@ class ReplicaAdding(Offloading):
         if not isinstance(items, (list, tuple)):
             raise InvalidParams(f"a batch takes a list, not {type(items).__name__}")
         out: list[T | StoreError] = []
-        with self._lock:
+        with self.state.lock:
             for item in items:
                 try:
                     out.append(fn(item))
@@ -213,31 +219,24 @@ class ReplicaAdding(Offloading):
                                  segment: str) -> list[None | StoreError]:
         return self._each_add(keys, lambda k: self.add_replica_revoke(k, segment))
 
-    # -- keeping the book right (lock held) ------------------------------------------------------
-    def _expire_adds(self, now: float) -> None:
+    # -- keeping the book right (lock held; events) ---------------------------------------------
+    def expire(self, now: float) -> None:
+        """Discard the adds not ended within the put timeout."""
         for p in self._adds.expired(now):
-            self._segments.release(p.replica)
+            self.state.segments.release(p.replica)
 
-    def tick(self) -> TickReport:
-        report = super().tick()
-        with self._lock:
-            self._expire_adds(self.now())
-        return report
-
-    def _drop(self, key: str) -> None:
+    def _release(self, key: str) -> None:
         for p in self._adds.pop_key(key):
-            self._segments.release(p.replica)
-        super()._drop(key)
+            self.state.segments.release(p.replica)
 
-    def _shed(self, meta: ObjectMeta, cause: str) -> None:
-        super()._shed(meta, cause)
-        if meta.key not in self._objects:
-            for p in self._adds.pop_key(meta.key):
-                self._segments.release(p.replica)
+    def _dropped(self, meta: ObjectMeta) -> None:
+        self._release(meta.key)
 
-    def _lose(self, segments: list[Segment]) -> list[str]:
-        lost = super()._lose(segments)
+    def _shed(self, meta: ObjectMeta, gone: bool) -> None:
+        if gone:
+            self._release(meta.key)
+
+    def _lost(self, segments: list[Segment]) -> None:
         self._adds.pop_where(lambda p: any(p.replica.segment == s.name and
                                            s.holds(p.replica.offset, p.replica.size)
                                            for s in segments))  # their blocks went with them
-        return lost

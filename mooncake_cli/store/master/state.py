@@ -1,0 +1,173 @@
+"""The one state of a store master, and the changes to it that its parts share.
+
+`MasterState` holds the settings, the lock, the segment table, the objects, the eviction policy
+that orders them, the client heartbeats and the counters. Every change of an object goes through
+it, so the policy and the holdings journals (reports.py) hear of each one explicitly: `admit`
+(a new object), `keep` (used: read or renewed), `set` (replicas changed, no use), `forget`
+(gone). The parts that keep books about objects (tiering's moves, replication's pending adds)
+subscribe to the events they need: `on_drop` (an object removed, before its replicas are freed),
+`on_shed` (an object's DRAM replicas evicted) and `on_lost` (segments unmounted). Every method
+expects the lock to be held.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from mooncake_cli.interfaces import EvictionPolicy
+from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT
+from mooncake_cli.store.errors import InvalidParams, ObjectNotFound
+from mooncake_cli.store.eviction import DEFAULT, make_policy
+from mooncake_cli.store.records import ObjectMeta, Segment
+from mooncake_cli.store.reports import ReportBook
+from mooncake_cli.store.segments import SegmentTable
+
+
+def _journaled(old: ObjectMeta | None, new: ObjectMeta) -> bool:
+    """Whether the change from `old` to `new` is one the holdings journals record."""
+    return old is None or old.replicas is not new.replicas or \
+        (old.put_deadline is None) is not (new.put_deadline is None)
+
+
+class MasterState:
+    """Shared state of a store master. Times are seconds from the injected clock `now`."""
+
+    def __init__(self, *, now: Callable[[], float] = time.monotonic, lease_ttl: float = 5.0,
+                 put_timeout: float = 30.0, client_ttl: float = 10.0,
+                 high_watermark: float = 0.90, eviction_ratio: float = 0.05,
+                 alignment: int = DEFAULT_ALIGNMENT,
+                 eviction: str | EvictionPolicy = DEFAULT) -> None:
+        if min(lease_ttl, put_timeout, client_ttl) <= 0:
+            raise InvalidParams("lease_ttl, put_timeout and client_ttl must be positive")
+        if not 0 < high_watermark <= 1 or not 0 < eviction_ratio <= 1:
+            raise InvalidParams("high_watermark and eviction_ratio must be in (0, 1]")
+        self.now = now
+        self.lease_ttl = lease_ttl
+        self.put_timeout = put_timeout
+        self.client_ttl = client_ttl
+        self.high_watermark = high_watermark
+        self.eviction_ratio = eviction_ratio
+        self.lock = threading.RLock()
+        self.segments = SegmentTable(alignment)
+        self.reports = ReportBook(self.segments)  # what each client's segment holds
+        self.objects: dict[str, ObjectMeta] = {}
+        self.policy = make_policy(eviction) if isinstance(eviction, str) else eviction
+        self.clients: dict[str, float] = {}  # client id -> last heartbeat
+        self.counts = dict.fromkeys(("hits", "misses", "evictions", "puts", "gets", "offloads",
+                                     "promotions"), 0)
+        self.evicted_by: dict[str, int] = {}  # evictions by cause (records.EVICTION_CAUSES)
+        self.copied: dict[str, int] = {}  # bytes copied on the master's orders, by kind
+        self.on_drop: list[Callable[[ObjectMeta], None]] = []
+        self.on_shed: list[Callable[[ObjectMeta, bool], None]] = []  # (meta, gone)
+        self.on_lost: list[Callable[[list[Segment]], None]] = []
+
+    # -- changes of objects ----------------------------------------------------------------------
+    def set(self, meta: ObjectMeta) -> ObjectMeta:
+        """Record `meta` (its replicas changed, or a lease: no use told to the policy)."""
+        old = self.objects.get(meta.key)
+        self.objects[meta.key] = meta
+        if _journaled(old, meta):
+            self.reports.note(old, meta)
+        return meta
+
+    def admit(self, meta: ObjectMeta) -> ObjectMeta:
+        """A new object (a put started)."""
+        self.set(meta)
+        self.policy.admit(meta.key)
+        return meta
+
+    def keep(self, meta: ObjectMeta, hit: bool = False) -> ObjectMeta:
+        """Record `meta` as used: read (`hit`) or renewed; admitted when new."""
+        new = meta.key not in self.objects
+        self.set(meta)
+        if new:
+            self.policy.admit(meta.key)
+        self.policy.touch(meta.key, hit)
+        return meta
+
+    def lease(self, meta: ObjectMeta, now: float) -> ObjectMeta:
+        return self.keep(replace(meta, last_access=now,
+                                 lease_until=max(meta.lease_until, now + self.lease_ttl)),
+                         hit=True)
+
+    def forget(self, key: str, evicted: bool = False) -> ObjectMeta:
+        """Remove `key` from the index and the policy (its replicas are the caller's)."""
+        meta = self.objects.pop(key)
+        self.reports.note(meta, None)
+        self.policy.remove(key, evicted)
+        return meta
+
+    def drop(self, key: str) -> None:
+        """Remove `key` and free its replicas; `on_drop` first."""
+        meta = self.objects.get(key)
+        if meta is not None:
+            for listener in self.on_drop:
+                listener(meta)
+        self.segments.release_all(self.forget(key).replicas)
+
+    def shed(self, meta: ObjectMeta, cause: str) -> None:
+        """Evict `meta`'s DRAM replicas; the object is gone when it has no other."""
+        keep = tuple(r for r in meta.replicas if r.tier != "dram")
+        self.segments.release_all([r for r in meta.replicas if r.tier == "dram"])
+        if keep:
+            self.set(replace(meta, replicas=keep))
+        else:
+            self.forget(meta.key, evicted=True)
+        self.count_eviction(cause)
+        for listener in self.on_shed:
+            listener(meta, not keep)
+
+    def lose(self, segments: list[Segment]) -> list[str]:
+        """Forget the replicas on unmounted `segments`; the keys left with none (dropped)."""
+        lost: list[str] = []
+        for key, meta in list(self.objects.items()):
+            keep = tuple(r for r in meta.replicas
+                         if not any(r.segment == s.name and s.holds(r.offset, r.size)
+                                    for s in segments))
+            if len(keep) == len(meta.replicas):
+                continue
+            if keep:
+                self.set(replace(meta, replicas=keep))
+            else:
+                self.forget(key)
+                lost.append(key)
+        for listener in self.on_lost:
+            listener(segments)
+        return lost
+
+    # -- reading ---------------------------------------------------------------------------------
+    def live(self, key: str, now: float) -> ObjectMeta:
+        self.expire_put(key, now)
+        meta = self.objects.get(key)
+        if meta is None:
+            raise ObjectNotFound(f"object {key!r} not found")
+        return meta
+
+    def expire_put(self, key: str, now: float) -> bool:
+        meta = self.objects.get(key)
+        if meta is not None and meta.put_deadline is not None and meta.put_deadline <= now:
+            self.drop(key)
+            return True
+        return False
+
+    def ordered(self, keep: Callable[[ObjectMeta], bool] | None = None) -> Iterator[ObjectMeta]:
+        """The objects (those `keep` accepts) in the policy's order, first victim first."""
+        for key in self.policy.victims():
+            meta = self.objects.get(key)
+            if meta is not None and (keep is None or keep(meta)):
+                yield meta
+
+    def chain(self, keys: object) -> None:
+        """A batch named `keys` in this order (a prefix chain, for policies that use one)."""
+        if isinstance(keys, (list, tuple)) and all(isinstance(k, str) for k in keys):
+            self.policy.chain(list(keys))
+
+    def count_eviction(self, cause: str) -> None:
+        self.counts["evictions"] += 1
+        self.evicted_by[cause] = self.evicted_by.get(cause, 0) + 1
+
+    def count_copy(self, kind: str, size: int) -> None:
+        self.copied[kind] = self.copied.get(kind, 0) + size
