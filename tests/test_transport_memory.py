@@ -128,3 +128,33 @@ def test_fields_outside_a_transports_namespace_are_dropped(make_engine) -> None:
     eng = make_engine(registry=reg)
     extra = eng.descriptor().extra
     assert "memory" in extra and "shm" not in extra
+
+
+class Refusing(MemoryTransport):
+    """Cannot register memory (like NIXL refusing a region): it must not cost the others."""
+
+    def attach(self, engine):
+        ep = super().attach(engine)
+
+        def refuse(region):
+            raise RuntimeError("no room")
+
+        ep.register = refuse
+        return ep
+
+
+def test_a_transport_that_cannot_register_leaves_the_region_to_the_others(
+        make_engine, caplog) -> None:
+    reg = Registry([md.EntryPoint("tcp", "mooncake_backends.tcp:TcpTransport", T),
+                    md.EntryPoint("memory", "test_transport_memory:Refusing", T),
+                    md.EntryPoint("dram", "mooncake_backends.dram:DramTier", TIERS)])
+    tgt = make_engine(registry=reg)
+    with caplog.at_level("WARNING", logger="mooncake.transfer"):
+        region = tgt.register(bytearray(MiB))
+    assert region in tgt.segment.regions
+    assert any("memory cannot register" in r.getMessage() for r in caplog.records)
+    eng = make_engine(transport="tcp")
+    data = os.urandom(MiB)
+    src = eng.register(bytearray(data))
+    assert eng.transfer(Op.WRITE, src, 0, tgt.name, region.base, MiB).state is State.COMPLETED
+    assert bytes(region.view) == data

@@ -89,12 +89,21 @@ class Endpoints:
         self.port: int = int(getattr(self.by_name["tcp"], "port"))  # noqa: B009
 
     def register(self, region: Any) -> None:
-        """Register `region` with every endpoint; its fields land in `region.extra`.
-        When one endpoint refuses, the others are unwound and the error raised."""
+        """Register `region` with every endpoint; its fields land in `region.extra`. An
+        endpoint that refuses it only leaves it unreachable through that transport (logged);
+        the listener's (tcp) refusal refuses the registration, unwinding the others."""
         done: list[Endpoint] = []
         try:
             for name, ep in self.by_name.items():
-                region.extra.update(_own(name, ep.register(region)))
+                try:
+                    region.extra.update(_own(name, ep.register(region)))
+                except Exception as e:
+                    if name == "tcp":
+                        raise
+                    log.warning("transport %s cannot register %d bytes at %d (%s): peers "
+                                "reach them through the others", name, region.length,
+                                region.base, e)
+                    continue
                 done.append(ep)
         except BaseException:
             for ep in done:
