@@ -1,0 +1,191 @@
+"""Objects' lifecycle on the master: two-phase puts, reads that grant leases, removal.
+
+Every public method either does its whole job or raises a StoreError and changes nothing (one
+exception: a put_start that finds no room evicts, then may still give up).
+
+Lifecycle of a key: put_start allocates pending replicas -> the client writes them -> put_end
+marks them complete (or put_revoke frees them; a put not ended within `put_timeout` is
+discarded). Complete objects are served by get_replica_list / exists, each granting a lease of
+`lease_ttl`; a leased object is neither removed (without force) nor evicted. Above the DRAM
+high watermark, objects are evicted in the order of the eviction policy, or offloaded to their
+client's SSD segment when it has one (tiering.py). A complete object gains replicas through
+add_replica_start / add_replica_end (replication.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TypeAlias
+
+from mooncake_cli.store.errors import (
+    InvalidParams,
+    InvalidWrite,
+    NoAvailableHandle,
+    ObjectAlreadyExists,
+    ObjectHasLease,
+    ObjectNotFound,
+    ReplicaNotReady,
+)
+from mooncake_cli.store.master.eviction import Eviction
+from mooncake_cli.store.master.state import MasterState
+from mooncake_cli.store.master.tiering import Tiering
+from mooncake_cli.store.records import (
+    MAX_KEY_BYTES,
+    ObjectMeta,
+    Replica,
+    ReplicaStatus,
+    ReplicateConfig,
+    Tier,
+    check_key,
+    check_size,
+    check_tier,
+)
+
+Keys: TypeAlias = list[str]  # inside Objects the name `list` is the method
+
+
+class Objects:
+    """Puts, reads and removal over the master's state."""
+
+    def __init__(self, state: MasterState, eviction: Eviction, tiering: Tiering) -> None:
+        self.state = state
+        self.eviction = eviction
+        self.tiering = tiering
+        self.now = state.now
+        self._lock = state.lock
+
+    # -- puts ------------------------------------------------------------------------------------
+    def put_start(self, key: str, size: int, config: ReplicateConfig | None = None, *,
+                  tier: Tier = "dram") -> tuple[Replica, ...]:
+        """Allocate `config.replica_num` pending replicas of `size` bytes on distinct segments
+        (distinct hosts first, the preferred segment first); the client then writes them."""
+        check_key(key)
+        check_size(size)
+        check_tier(tier)
+        config = ReplicateConfig() if config is None else config
+        if not isinstance(config, ReplicateConfig):
+            raise InvalidParams(f"config must be a ReplicateConfig, not {type(config).__name__}")
+        n = config.replica_num
+        with self._lock:
+            st = self.state
+            now = self.now()
+            st.expire_put(key, now)
+            if key in st.objects:
+                raise ObjectAlreadyExists(f"object {key!r} already exists or is being put")
+            have = st.segments.fitting(size, tier)
+            if have < n:
+                raise NoAvailableHandle(f"{n} replica(s) of {size} bytes need {n} distinct "
+                                        f"{tier} segments that large; {have} mounted")
+            replicas = st.segments.allocate(size, n, tier, config.preferred_segment)
+            if not replicas and tier == "dram":
+                self.eviction.evict(now, n * st.segments.aligned(size), "room")
+                replicas = st.segments.allocate(size, n, tier, config.preferred_segment)
+            if not replicas:
+                raise NoAvailableHandle(f"no room for {n} replica(s) of {size} bytes in the "
+                                        f"{tier} tier")
+            st.admit(ObjectMeta(key, size, tuple(replicas), config, now, now,
+                                   put_deadline=now + st.put_timeout))
+            self.eviction.relieve(now)
+            return tuple(replicas)
+
+    def put_end(self, key: str, checksum: str | None = None) -> None:
+        """Mark the put of `key` complete (a repeat for a complete object does nothing)."""
+        check_key(key)
+        if checksum is not None and not isinstance(checksum, str):
+            raise InvalidParams("checksum must be a string")
+        with self._lock:
+            st = self.state
+            now = self.now()
+            meta = st.live(key, now)
+            if meta.complete:
+                return
+            done = tuple(replace(r, status=ReplicaStatus.COMPLETE, checksum=checksum)
+                         for r in meta.replicas)
+            st.keep(replace(meta, replicas=done, put_deadline=None, last_access=now))
+            st.counts["puts"] += 1
+
+    def put_revoke(self, key: str) -> None:
+        """Abandon a put that has not ended: its replicas are freed and the key forgotten."""
+        check_key(key)
+        with self._lock:
+            st = self.state
+            meta = st.live(key, self.now())
+            if meta.complete:
+                raise InvalidWrite(f"the put of {key!r} has ended; remove it instead")
+            st.drop(key)
+
+    # -- reads -----------------------------------------------------------------------------------
+    def get_replica_list(self, key: str) -> tuple[Replica, ...]:
+        """The complete replicas of `key`; grants (or extends) a lease of `lease_ttl`."""
+        check_key(key)
+        with self._lock:
+            st = self.state
+            now = self.now()
+            st.counts["gets"] += 1
+            try:
+                meta = st.live(key, now)
+                if not meta.complete:
+                    raise ReplicaNotReady(f"the put of {key!r} has not ended")
+            except (ObjectNotFound, ReplicaNotReady):
+                st.counts["misses"] += 1
+                raise
+            st.counts["hits"] += 1
+            meta = st.lease(meta, now)
+            # served from SSD this time; from DRAM once copied
+            self.tiering.promote(meta, now, self.eviction.evict_on)
+            return meta.replicas
+
+    def exists(self, key: str) -> bool:
+        """Whether `key` is complete; a True answer grants a lease like a get."""
+        check_key(key)
+        with self._lock:
+            st = self.state
+            now = self.now()
+            st.expire_put(key, now)
+            meta = st.objects.get(key)
+            if meta is None or not meta.complete:
+                return False
+            st.lease(meta, now)
+            return True
+
+    def describe(self, key: str) -> ObjectMeta:
+        """Everything known of `key`, without granting a lease or counting an access."""
+        check_key(key)
+        with self._lock:
+            st = self.state
+            return st.live(key, self.now())
+
+    def list(self, prefix: str = "") -> Keys:
+        """Complete keys starting with `prefix`, sorted."""
+        if not isinstance(prefix, str) or len(prefix.encode("utf-8", "replace")) > MAX_KEY_BYTES:
+            raise InvalidParams(f"prefix must be a string of at most {MAX_KEY_BYTES} bytes")
+        with self._lock:
+            st = self.state
+            return sorted(k for k, m in st.objects.items()
+                          if m.complete and k.startswith(prefix))
+
+    # -- removal ---------------------------------------------------------------------------------
+    def remove(self, key: str, force: bool = False) -> None:
+        """Forget `key` and free its replicas; refused while leased or being put unless `force`."""
+        check_key(key)
+        with self._lock:
+            st = self.state
+            now = self.now()
+            meta = st.live(key, now)
+            if not force and meta.leased(now):
+                raise ObjectHasLease(f"object {key!r} is leased for another "
+                                     f"{meta.lease_until - now:.3f} s")
+            if not force and not meta.complete:
+                raise ReplicaNotReady(f"the put of {key!r} has not ended")
+            st.drop(key)
+
+    def remove_all(self, force: bool = False) -> int:
+        """Remove every complete unleased object (every object with `force`); how many."""
+        with self._lock:
+            st = self.state
+            now = self.now()
+            keys = [k for k, m in st.objects.items()
+                    if force or (m.complete and not m.leased(now))]
+            for k in keys:
+                st.drop(k)
+            return len(keys)
