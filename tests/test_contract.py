@@ -1,6 +1,7 @@
-"""The transport contract: every available transport plugin, against a target that is a real
-separate `mooncake transfer serve` process, moves bytes exactly, concurrently, within bounds,
-fails cleanly when the target dies, and refuses a wrong secret."""
+"""The transport contract: every available transport plugin (tcp, shm, and nixl where its
+package is installed), against a target that is a real separate `mooncake transfer serve`
+process, implements both sides of the contract, moves bytes exactly, concurrently, within
+bounds, fails cleanly when the target dies, and refuses a wrong secret."""
 
 from __future__ import annotations
 
@@ -64,6 +65,23 @@ def whole(eng, target, scratch) -> bytes:
     status = run_one(eng, read(eng, scratch, 0, target.segment, target.offset, target.size))
     assert status.state is State.COMPLETED, status.reason
     return bytes(scratch.view[:target.size])
+
+
+def test_the_plugin_implements_both_sides_of_the_contract(engine, transport, target) -> None:
+    from mooncake_cli.interfaces import BatchChannel, Channel, Endpoint, Transport
+
+    plugin = Registry().get(GROUP, transport)
+    assert isinstance(plugin, Transport)
+    assert isinstance(engine.endpoints.by_name[transport], Endpoint)
+    peer = engine._peer(target.segment)
+    ch = peer.acquire()
+    try:
+        assert isinstance(ch, Channel)  # read, write, close, and the broken/spin flags
+        assert isinstance(ch, BatchChannel) is bool(getattr(plugin, "batched", False))
+    finally:
+        peer.release(ch)
+    ok, why = plugin.reachable(peer.desc, engine.descriptor())
+    assert ok and why  # reachable, with a reason for logs and `mooncake plugins`
 
 
 # -- byte-exact round trips -------------------------------------------------------------------
