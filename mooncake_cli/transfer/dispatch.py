@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mooncake_cli.interfaces import BatchChannel, Slice, TransferError
+from mooncake_cli.interfaces import Slice, TransferError
 from mooncake_cli.transfer.batch import Batch, Op
 from mooncake_cli.transfer.peers import Peer
 from mooncake_cli.transfer.segment import Region
@@ -72,10 +72,11 @@ def post_all(batch: Batch, peer: Peer, work: list[tuple[int, Slice]], timeout: f
             done(k, str(e))
         return
     try:
-        if not isinstance(ch, BatchChannel):
+        post = getattr(ch, "post", None)  # not isinstance(BatchChannel): that costs ~20 us
+        if post is None:
             raise TransferError(f"{peer.name} says it takes batches whole but its channel "
                                 "has no post()")
-        ch.post([s for _, s in work], done, timeout)
+        post([s for _, s in work], done, timeout)
     except Exception as e:  # post itself failed: nothing was started
         for k in range(len(work)):
             done(k, str(e) if isinstance(e, TransferError) else f"{type(e).__name__}: {e}")
