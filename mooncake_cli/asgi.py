@@ -195,7 +195,9 @@ class Server:
     def __init__(self, app: Starlette, host: str, port: int, name: str) -> None:
         limits: Limits = app.state.limits
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+        # and without it a body written after its headers waits out a delayed ACK (40 ms)
+        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))
@@ -204,7 +206,7 @@ class Server:
             raise
         self.host, self.port = str(host), int(self._sock.getsockname()[1])
         config = uvicorn.Config(
-            app, lifespan="off", log_level="warning", access_log=False,
+            app, lifespan="off", log_level="warning", access_log=False, proxy_headers=False,
             http=_protocol(limits.header_timeout), loop="asyncio",
             timeout_keep_alive=int(max(1, limits.idle_timeout)),
             h11_max_incomplete_event_size=limits.max_header,

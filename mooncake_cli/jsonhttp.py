@@ -1,31 +1,40 @@
-"""JSON over HTTP between the roles: pooled keep-alive httpx clients, sync and async.
+"""JSON over HTTP between the roles: pooled keep-alive clients, sync and async.
 
     answer = call("http://host:port/v1/load")                 # GET; POST when a body is given
     for ev in events(url, body): ...                          # a server-sent event stream
     peer = AsyncPeer(); await peer.call(url, body); peer.events(url, body)
 
-Every client keeps HTTP/1.1 connections open per host (one pool per process for the sync
-calls, one per event loop for the async ones) with separate connect, read, write and pool
-timeouts. A peer that cannot be reached or breaks off raises OSError; a non-2xx event stream
-raises `PeerError` with the peer's status, message and code.
+The requests go through httpcore, httpx's connection layer: HTTP/1.1 connections kept open per
+host (one pool per process for the sync calls, one per event loop for the async ones) with
+separate connect, read, write and pool timeouts. httpx's own client adds cookies, URL models
+and encoding detection that cost more CPU than a whole request between two roles, so the hot
+path uses its pools directly; `client()` is a full httpx client for everything else. A peer
+that cannot be reached or breaks off raises OSError; a non-2xx event stream raises `PeerError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import httpcore
 import httpx
 
 CONNECT_TIMEOUT = 5.0
 POOL_TIMEOUT = 30.0
 KEEPALIVE_S = 4.0  # under the servers' idle timeout: the client closes first, no race
-LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256,
-                      keepalive_expiry=KEEPALIVE_S)
+SHARD, MAX_SHARDS = 2, 2048  # connections per async pool shard; shards per peer host
+# a request's body follows its headers at once (Nagle would hold it for the peer's ACK)
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+FAILURES = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError,
+            httpcore.UnsupportedProtocol)
+JSON_HEADERS = [(b"Content-Type", b"application/json")]
 
 
 @dataclass
@@ -60,22 +69,28 @@ def timeouts(seconds: float) -> httpx.Timeout:
                          pool=min(POOL_TIMEOUT, seconds))
 
 
-def _answer(resp: httpx.Response) -> Answer:
-    data = resp.content
+def _extensions(seconds: float) -> dict[str, Any]:
+    return {"timeout": {"connect": min(CONNECT_TIMEOUT, seconds), "read": seconds,
+                        "write": seconds, "pool": min(POOL_TIMEOUT, seconds)}}
+
+
+def _request(url: str, body: dict[str, Any] | None, method: str | None,
+             seconds: float) -> dict[str, Any]:
+    split(url)
+    return {"method": method or ("POST" if body is not None else "GET"), "url": url,
+            "content": None if body is None else json.dumps(body).encode(),
+            "headers": JSON_HEADERS if body is not None else [],
+            "extensions": _extensions(seconds)}
+
+
+def _answer(status: int, data: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:
     try:
         parsed = json.loads(data) if data else {}
     except ValueError:
         parsed = {"text": data.decode(errors="replace")}
     if not isinstance(parsed, dict):  # callers read fields: keep them on a dict
         parsed = {"value": parsed}
-    return Answer(resp.status_code, parsed, resp.headers)
-
-
-def _request(url: str, body: dict[str, Any] | None, method: str | None) -> dict[str, Any]:
-    split(url)
-    return {"method": method or ("POST" if body is not None else "GET"), "url": url,
-            "content": None if body is None else json.dumps(body).encode(),
-            "headers": {"Content-Type": "application/json"} if body is not None else {}}
+    return Answer(status, parsed, httpx.Headers(list(headers)))
 
 
 def _peer_error(status: int, data: bytes) -> PeerError:
@@ -88,41 +103,70 @@ def _peer_error(status: int, data: bytes) -> PeerError:
     return PeerError(status, message, code if isinstance(code, str) else None)
 
 
-def _event(url: str, line: str) -> dict[str, Any] | None:
-    """The event of one `data:` line; None at [DONE]; OSError for one that is not JSON."""
-    payload = line[5:].strip()
-    if payload == "[DONE]":
-        return None
-    try:
-        event = json.loads(payload)
-    except ValueError:
-        raise OSError(f"{url} sent an event that is not JSON: {payload[:80]!r}") from None
-    if not isinstance(event, dict):
-        raise OSError(f"{url} sent an event that is not an object: {payload[:80]!r}")
-    return event
+class _Lines:
+    """Server-sent `data:` events out of a byte stream, to [DONE]."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.buf, self.done = url, b"", False
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        out = []
+        for raw in lines:
+            line = raw.strip().decode(errors="replace")
+            if self.done or not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                self.done = True
+                continue
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                raise OSError(f"{self.url} sent an event that is not JSON: "
+                              f"{payload[:80]!r}") from None
+            if not isinstance(event, dict):
+                raise OSError(f"{self.url} sent an event that is not an object: "
+                              f"{payload[:80]!r}")
+            out.append(event)
+        return out
 
 
 _sync_lock = threading.Lock()
 _sync: httpx.Client | None = None
+_sync_pool: httpcore.ConnectionPool | None = None
 
 
 def client() -> httpx.Client:
-    """This process's pooled sync client."""
+    """This process's pooled httpx client (for requests off the hot path)."""
     global _sync
     with _sync_lock:
         if _sync is None:
-            _sync = httpx.Client(limits=LIMITS, timeout=timeouts(30.0), trust_env=False)
+            _sync = httpx.Client(transport=httpx.HTTPTransport(socket_options=NODELAY),
+                                 timeout=timeouts(30.0), trust_env=False)
         return _sync
+
+
+def _pool() -> httpcore.ConnectionPool:
+    global _sync_pool
+    with _sync_lock:
+        if _sync_pool is None:
+            _sync_pool = httpcore.ConnectionPool(max_connections=1024,
+                                                 max_keepalive_connections=256,
+                                                 keepalive_expiry=KEEPALIVE_S,
+                                                 socket_options=NODELAY)
+        return _sync_pool
 
 
 def call(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0,
          method: str | None = None) -> Answer:
     """One JSON request (POST when `body` is given); connection errors raise OSError."""
     try:
-        return _answer(client().request(**_request(url, body, method),
-                                        timeout=timeouts(timeout)))
-    except httpx.TransportError as e:
+        resp = _pool().request(**_request(url, body, method, timeout))
+    except FAILURES as e:
         raise OSError(f"{url}: {type(e).__name__}: {e}") from e
+    return _answer(resp.status, resp.content, resp.headers)
 
 
 def events(url: str, body: dict[str, Any] | None = None,
@@ -132,55 +176,79 @@ def events(url: str, body: dict[str, Any] | None = None,
     A non-2xx answer raises `PeerError`; the stream ends at `[DONE]`. A stream that breaks off
     before `[DONE]`, or carries an event that is not JSON, raises OSError.
     """
-    req = _request(url, body, None)
+    lines = _Lines(url)
     try:
-        with client().stream(**req, timeout=timeouts(timeout)) as resp:
-            if resp.status_code >= 300:
-                raise _peer_error(resp.status_code, resp.read())
-            for line in resp.iter_lines():
-                if line.startswith("data:"):
-                    event = _event(url, line)
-                    if event is None:
-                        return
-                    yield event
-    except httpx.TransportError as e:
+        with _pool().stream(**_request(url, body, None, timeout)) as resp:
+            if resp.status >= 300:
+                raise _peer_error(resp.status, resp.read())
+            for chunk in resp.iter_stream():  # read to the end: the connection stays pooled
+                yield from lines.feed(chunk)
+    except FAILURES as e:
         raise OSError(f"{url}: the event stream broke: {type(e).__name__}: {e}") from e
-    raise OSError(f"{url}: the event stream ended before [DONE]")
+    if not lines.done:
+        raise OSError(f"{url}: the event stream ended before [DONE]")
+
+
+class _Shard:
+    def __init__(self) -> None:
+        self.pool = httpcore.AsyncConnectionPool(
+            max_connections=SHARD, max_keepalive_connections=SHARD,
+            keepalive_expiry=KEEPALIVE_S, socket_options=NODELAY)
+        self.busy = 0
 
 
 class AsyncPeer:
-    """A pooled async client for one event loop (create it inside the loop that uses it)."""
+    """A pooled async client for one event loop (create it inside the loop that uses it).
+
+    Each peer host's pool is split into shards of `SHARD` connections, and a request goes to
+    the least busy one (a new shard when all are full): a pool scans all its connections on
+    every request, which at thousands of connections would cost more than the request."""
 
     def __init__(self) -> None:
-        self._client = httpx.AsyncClient(limits=LIMITS, timeout=timeouts(30.0),
-                                         trust_env=False)
+        self._shards: dict[str, list[_Shard]] = {}
+
+    @contextlib.asynccontextmanager
+    async def _pool(self, url: str) -> AsyncIterator[httpcore.AsyncConnectionPool]:
+        host, port, _ = split(url)
+        shards = self._shards.setdefault(f"{host}:{port}", [])
+        shard = min(shards, key=lambda s: s.busy, default=None)
+        if shard is None or (shard.busy >= SHARD and len(shards) < MAX_SHARDS):
+            shard = _Shard()
+            shards.append(shard)
+        shard.busy += 1
+        try:
+            yield shard.pool
+        finally:
+            shard.busy -= 1
 
     async def call(self, url: str, body: dict[str, Any] | None = None,
                    timeout_s: float = 30.0, method: str | None = None) -> Answer:
+        req = _request(url, body, method, timeout_s)
         try:
-            resp = await self._client.request(**_request(url, body, method),
-                                              timeout=timeouts(timeout_s))
-        except httpx.TransportError as e:
+            async with self._pool(url) as pool:
+                resp = await pool.request(**req)
+        except FAILURES as e:
             raise OSError(f"{url}: {type(e).__name__}: {e}") from e
-        return _answer(resp)
+        return _answer(resp.status, resp.content, resp.headers)
 
     async def events(self, url: str, body: dict[str, Any] | None = None,
                      timeout_s: float = 60.0) -> AsyncIterator[dict[str, Any]]:
         """`events`, asynchronously."""
-        req = _request(url, body, None)
+        req, lines = _request(url, body, None, timeout_s), _Lines(url)
         try:
-            async with self._client.stream(**req, timeout=timeouts(timeout_s)) as resp:
-                if resp.status_code >= 300:
-                    raise _peer_error(resp.status_code, await resp.aread())
-                async for line in resp.aiter_lines():
-                    if line.startswith("data:"):
-                        event = _event(url, line)
-                        if event is None:
-                            return
+            async with self._pool(url) as pool, pool.stream(**req) as resp:
+                if resp.status >= 300:
+                    raise _peer_error(resp.status, await resp.aread())
+                async for chunk in resp.aiter_stream():  # to the end: the connection stays
+                    for event in lines.feed(chunk):
                         yield event
-        except httpx.TransportError as e:
+        except FAILURES as e:
             raise OSError(f"{url}: the event stream broke: {type(e).__name__}: {e}") from e
-        raise OSError(f"{url}: the event stream ended before [DONE]")
+        if not lines.done:
+            raise OSError(f"{url}: the event stream ended before [DONE]")
 
     async def close(self) -> None:
-        await self._client.aclose()
+        for shards in self._shards.values():
+            for shard in shards:
+                await shard.pool.aclose()
+        self._shards.clear()

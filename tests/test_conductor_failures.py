@@ -28,7 +28,8 @@ from tests.helpers.prom import value
 
 def stand_in_worker(app: dict[str, Any]) -> Starlette:
     """A prefill+decode stand-in: prefill answers at once; generate sends `app["events"]` (a
-    decode that fails mid-answer). It records the sampling the conductor sent."""
+    decode that fails mid-answer), streamed or (stream false) in one answer, as a decode
+    worker does. It records the sampling the conductor sent."""
 
     async def prefill(request: Request) -> JSONResponse:
         got = json.loads(await body(request))
@@ -42,6 +43,8 @@ def stand_in_worker(app: dict[str, Any]) -> Starlette:
             for ev in list(app["events"]):
                 yield ev
 
+        if not json.loads(await body(request)).get("stream", True):
+            return JSONResponse({"events": [e for e in app["events"] if isinstance(e, dict)]})
         return sse(events())
 
     return edge_app([Route("/v1/prefill", prefill, methods=["POST"]),
@@ -98,10 +101,10 @@ def test_decode_failing_mid_answer_is_503_not_a_finished_answer(conductor, stand
     assert all(c.get("choices", [{}])[0].get("finish_reason") != "error"
                for c in streamed if c.get("choices"))
     assert alive(conductor) == {"p0": True, "d0": True}  # it answered: not dead
-    # the stream breaks off without [DONE]: the decode worker is gone
+    # the answer ends without its final event: the decode worker is gone
     app["events"] = [{"token": 65, "text": "A"}]
     broken = jsonhttp.call(conductor.url + "/v1/completions", body)
-    assert broken.status == 503 and "before [DONE]" in broken.body["error"]["message"]
+    assert broken.status == 503 and "without its final event" in broken.body["error"]["message"]
     assert alive(conductor) == {"p0": True, "d0": False}
     metrics = jsonhttp.call(conductor.url + "/metrics").body["text"]
     assert value(metrics, "mooncake_conductor_errors_total") == 3

@@ -16,7 +16,7 @@ fields added by newer peers.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -111,6 +111,13 @@ class GenerateRequest(Message):
     token_ids: TokenIds
     first_token: Count
     sampling: SamplingParams = SamplingParams()
+    stream: bool = True  # False: one GenerateAnswer when the request is done
+
+
+class GenerateAnswer(Answer):
+    """A whole generation: its TokenEvents, then its FinalEvent."""
+
+    events: list[dict[str, Any]]
 
 
 class TokenEvent(Answer):

@@ -213,13 +213,12 @@ class Conductor:
     async def _decode(self, placed: Placed, rid: str, ids: list[int],
                       req: oa.Completion) -> AsyncIterator[dict[str, Any]]:
         body = roles.GenerateRequest(request_id=rid, token_ids=ids, sampling=req.sampling,
-                                     first_token=placed.answer.first_token)
+                                     first_token=placed.answer.first_token, stream=req.stream)
         sreq = Request(rid, len(ids), req.sampling.max_tokens, ())
         dname = placed.decision.decode or ""
         try:
-            async for ev in self.peer.events(placed.decode_url + "/v1/generate",
-                                             body.model_dump(mode="json"),
-                                             timeout_s=self.timeout):
+            async for ev in self._generate(placed.decode_url + "/v1/generate",
+                                           body.model_dump(mode="json"), req.stream):
                 if ev.get("error") or ev.get("finish_reason") == "error":
                     raise ServingError(ErrorCode.UPSTREAM_FAILED, f"decode worker {dname} "
                                        f"failed: {ev.get('error') or 'no reason given'}")
@@ -238,6 +237,26 @@ class Conductor:
             raise
         finally:
             self.bookings.release_decode(placed.decision.decode, sreq)
+
+    async def _generate(self, url: str, body: dict[str, Any],
+                        stream: bool) -> AsyncIterator[dict[str, Any]]:
+        """The decode worker's events: as they come (stream), or all in one answer."""
+        if stream:
+            async for ev in self.peer.events(url, body, timeout_s=self.timeout):
+                yield ev
+            return
+        ans = await self.peer.call(url, body, timeout_s=self.timeout)
+        if ans.status != 200:
+            message, code = peer_code(ans.body)
+            raise PeerError(ans.status, message, code.value if code else None)
+        try:
+            events = validate(roles.GenerateAnswer, ans.body).events
+        except ServingError as e:
+            raise OSError(f"{url} answered a malformed generation: {e}") from None
+        if not events or "finish_reason" not in events[-1]:
+            raise OSError(f"{url}: the generation ended without its final event")
+        for ev in events:
+            yield ev
 
     async def close_peer(self) -> None:
         """Close the running loop's pooled client."""

@@ -85,7 +85,11 @@ def decode_routes(w: DecodeWorker) -> list[Route]:
         except ServingError:  # a request that cannot run gives its reserved blocks back
             w.forget(_request_id(raw))
             raise
-        return sse(w.generate(req))
+        events = w.generate(req)
+        if req.stream:
+            return sse(events)
+        return _json(roles.GenerateAnswer(events=[e async for e in events
+                                                  if isinstance(e, dict)]))
 
     return [*common_routes(w), Route("/v1/kv/reserve", reserve, methods=["POST"]),
             Route("/v1/kv/release", release, methods=["POST"]),
