@@ -33,7 +33,7 @@ class StoreConfig:
     hugepages: bool = False  # node: DRAM segment on huge pages (falls back with a warning)
 
     def __post_init__(self) -> None:
-        from mooncake_cli.store.leader import HaAddress, is_ha
+        from mooncake_cli.store.ha.leader import HaAddress, is_ha
 
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port {self.port} is out of range 0-65535")

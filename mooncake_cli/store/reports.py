@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mooncake_cli.store.master.placement import SegmentTable
 from mooncake_cli.store.records import (
     ObjectMeta,
     Replica,
@@ -26,7 +27,6 @@ from mooncake_cli.store.records import (
     ReplicateConfig,
     check_key,
 )
-from mooncake_cli.store.segments import SegmentTable
 
 MAX_REPORT = 2048  # changes in one reply; the rest come with the next poll
 

@@ -28,13 +28,13 @@ from types import FrameType
 import zmq
 
 from mooncake_cli.interfaces import MooncakeError
-from mooncake_cli.store import protocol
 from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import ErrorCode, StoreError
-from mooncake_cli.store.fastlane import serve_lane
-from mooncake_cli.store.leader import LeaderInfo, NotLeader
+from mooncake_cli.store.ha.leader import LeaderInfo, NotLeader
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.metrics import MetricsServer
+from mooncake_cli.store.wire import protocol
+from mooncake_cli.store.wire.fastlane import serve_lane
 
 log = logging.getLogger("mooncake.store")
 
@@ -169,7 +169,7 @@ class MasterService:
 
 def main(argv: list[str] | None = None) -> int:
     from mooncake_cli.config import load
-    from mooncake_cli.store.election import HaMaster
+    from mooncake_cli.store.ha.election import HaMaster
 
     ap = argparse.ArgumentParser(prog="python -m mooncake_cli.store.service")
     ap.add_argument("--port", type=int)

@@ -21,9 +21,9 @@ from mooncake_cli.interfaces import EvictionPolicy
 from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT
 from mooncake_cli.store.errors import InvalidParams, ObjectNotFound
 from mooncake_cli.store.eviction import DEFAULT, make_policy
+from mooncake_cli.store.master.placement import SegmentTable
 from mooncake_cli.store.records import ObjectMeta, Segment
 from mooncake_cli.store.reports import ReportBook
-from mooncake_cli.store.segments import SegmentTable
 
 
 def _journaled(old: ObjectMeta | None, new: ObjectMeta) -> bool:

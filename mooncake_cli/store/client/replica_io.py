@@ -18,6 +18,7 @@ from typing import Any
 import xxhash
 
 from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.store.client.staging import Staging
 from mooncake_cli.store.errors import (
     BufferOverflow,
     ChecksumMismatch,
@@ -27,7 +28,6 @@ from mooncake_cli.store.errors import (
     TransferFailed,
 )
 from mooncake_cli.store.records import Replica
-from mooncake_cli.store.staging import Staging
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view

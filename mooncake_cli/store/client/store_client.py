@@ -22,18 +22,18 @@ from typing import Any
 import zmq
 
 from mooncake_cli.interfaces import MooncakeError
-from mooncake_cli.store import protocol as p
+from mooncake_cli.store.client.holdings import Holdings
+from mooncake_cli.store.client.keeper import HoldingsKeeper
+from mooncake_cli.store.client.memory import allocate_dram
+from mooncake_cli.store.client.replica_adds import add_replicas
+from mooncake_cli.store.client.replica_io import ReplicaIO, checksum, readable
+from mooncake_cli.store.client.ssd_node import SsdNode
 from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError, TransferFailed
-from mooncake_cli.store.fastlane import LaneSlot
-from mooncake_cli.store.holdings import Holdings
-from mooncake_cli.store.keeper import HoldingsKeeper
-from mooncake_cli.store.leader import LeaderInfo
-from mooncake_cli.store.memory import allocate_dram
+from mooncake_cli.store.ha.leader import LeaderInfo
 from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, Segment, StoreStats
-from mooncake_cli.store.replica_adds import add_replicas
-from mooncake_cli.store.replica_io import ReplicaIO, checksum, readable
-from mooncake_cli.store.rpc import MasterConnection
-from mooncake_cli.store.ssd_node import SsdNode
+from mooncake_cli.store.wire import protocol as p
+from mooncake_cli.store.wire.fastlane import LaneSlot
+from mooncake_cli.store.wire.rpc import MasterConnection
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
@@ -50,7 +50,7 @@ class StoreClient:
                  hugepages: bool = False, strict_hugepages: bool = False) -> None:
         """`ssd_dir`: also contribute an SSD segment, the data file there (`ssd_size` bytes; 0:
         the size it has), and re-register the objects it holds. `hugepages`: the DRAM segment
-        on huge pages (see mooncake_cli.store.memory)."""
+        on huge pages (see mooncake_cli.store.client.memory)."""
         if engine is None:
             raise InvalidParams("StoreClient needs a TransferEngine")
         if not isinstance(segment_size, int) or segment_size < 0:

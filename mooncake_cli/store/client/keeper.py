@@ -14,12 +14,12 @@ import logging
 import threading
 from collections.abc import Callable
 
-from mooncake_cli.store import protocol as p
+from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.errors import StoreError
-from mooncake_cli.store.holdings import Holdings
 from mooncake_cli.store.records import Replica, Segment
 from mooncake_cli.store.reports import HoldingsReport
-from mooncake_cli.store.rpc import MasterConnection
+from mooncake_cli.store.wire import protocol as p
+from mooncake_cli.store.wire.rpc import MasterConnection
 
 log = logging.getLogger("mooncake.store")
 REGISTER_CHUNK = 1024  # replicas re-registered per request

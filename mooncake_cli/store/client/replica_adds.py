@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mooncake_cli.interfaces import MooncakeError
-from mooncake_cli.store import protocol as p
+from mooncake_cli.store.client.holdings import Holdings
+from mooncake_cli.store.client.replica_io import ReplicaIO, checksum, readable
 from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
-from mooncake_cli.store.holdings import Holdings
 from mooncake_cli.store.records import Replica
-from mooncake_cli.store.replica_io import ReplicaIO, checksum, readable
+from mooncake_cli.store.wire import protocol as p
 
 log = logging.getLogger("mooncake.store")
 Call = Callable[..., Any]  # call(request, kind=None, meanwhile=None) -> the result

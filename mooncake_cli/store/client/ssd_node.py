@@ -20,7 +20,8 @@ from typing import Any
 
 import zmq
 
-from mooncake_cli.store import protocol as p
+from mooncake_cli.store.client.holdings import Holdings
+from mooncake_cli.store.client.replica_io import checksum
 from mooncake_cli.store.errors import (
     InvalidParams,
     InvalidReplica,
@@ -28,11 +29,10 @@ from mooncake_cli.store.errors import (
     RpcFailed,
     StoreError,
 )
-from mooncake_cli.store.holdings import Holdings
 from mooncake_cli.store.moves import Move, MoveOrders, MoveResult
 from mooncake_cli.store.records import ObjectMeta, Replica, ReplicaStatus, Segment
-from mooncake_cli.store.replica_io import checksum
-from mooncake_cli.store.rpc import MasterConnection
+from mooncake_cli.store.wire import protocol as p
+from mooncake_cli.store.wire.rpc import MasterConnection
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
 

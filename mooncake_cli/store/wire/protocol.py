@@ -1,0 +1,361 @@
+"""The master's wire protocol: msgspec Structs encoded with msgpack.
+
+A request is one of the `Request` structs, tagged by its `op` field ("put_start", "exists" ...).
+Each struct knows how to run itself against a StoreMaster (`call`). Every reply is a `Reply`:
+`ok`, an upstream-compatible `code` (0 or negative), a `message`, and `result`, the msgpack of
+the operation's value (decoded by the client with the type it expects). A batch operation's
+result is a list of `Reply`, one per key.
+
+Framing over zmq: [body] or [body, mac], where mac is the HMAC-SHA256 of body keyed by the shared
+secret (required when the master has one). A REQ peer's empty delimiter frame is accepted too.
+Decoding is strict: anything malformed, truncated, wrongly typed, with a key over MAX_KEY_BYTES or
+a size outside [1, MAX_OBJECT_SIZE] is answered with INVALID_PARAMS and never reaches the master.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Annotated, Any, Union
+
+import msgspec
+
+from mooncake_cli.store.errors import ErrorCode, InvalidParams, StoreError, error_from_code
+from mooncake_cli.store.ha.leader import LeaderInfo
+from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.moves import MoveOrders, MoveResult
+from mooncake_cli.store.records import (
+    MAX_KEY_BYTES,
+    MAX_OBJECT_SIZE,
+    ObjectMeta,
+    Replica,
+    ReplicateConfig,
+    Segment,
+    StoreStats,
+    Tier,
+)
+from mooncake_cli.store.reports import Held, HoldingsReport
+
+MAX_BATCH = 16384  # keys in one batch request
+MAX_MESSAGE = 256 << 20  # bytes of one request; the socket drops larger ones
+
+Key = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KEY_BYTES)]
+Prefix = Annotated[str, msgspec.Meta(max_length=MAX_KEY_BYTES)]
+Size = Annotated[int, msgspec.Meta(ge=1, le=MAX_OBJECT_SIZE)]
+Keys = Annotated[list[Key], msgspec.Meta(max_length=MAX_BATCH)]
+Checksum = Annotated[str, msgspec.Meta(max_length=128)]
+
+
+class _Req(msgspec.Struct, tag_field="op", forbid_unknown_fields=True):
+    def call(self, m: StoreMaster) -> Any:  # pragma: no cover - every subclass overrides it
+        raise NotImplementedError
+
+
+class _KeyReq(_Req):
+    key: Key
+
+
+class _KeysReq(_Req):
+    keys: Keys
+
+
+class MountSegment(_Req, tag="mount_segment"):
+    segment: Segment
+
+    def call(self, m: StoreMaster) -> bool:
+        return m.mount_segment(self.segment)
+
+
+class UnmountSegment(_Req, tag="unmount_segment"):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    base: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+    def call(self, m: StoreMaster) -> tuple[str, ...]:
+        return m.unmount_segment(self.name, self.base)
+
+
+class Heartbeat(_Req, tag="heartbeat"):
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+    def call(self, m: StoreMaster) -> bool:
+        return m.heartbeat(self.client_id)
+
+
+class PutStart(_Req, tag="put_start"):
+    key: Key
+    size: Size
+    config: ReplicateConfig | None = None
+    tier: Tier = "dram"
+
+    def call(self, m: StoreMaster) -> tuple[Replica, ...]:
+        return m.put_start(self.key, self.size, self.config, tier=self.tier)
+
+
+class PutEnd(_Req, tag="put_end"):
+    key: Key
+    checksum: Checksum | None = None
+
+    def call(self, m: StoreMaster) -> None:
+        m.put_end(self.key, self.checksum)
+
+
+class PutRevoke(_KeyReq, tag="put_revoke"):
+    def call(self, m: StoreMaster) -> None:
+        m.put_revoke(self.key)
+
+
+class GetReplicaList(_KeyReq, tag="get_replica_list"):
+    def call(self, m: StoreMaster) -> tuple[Replica, ...]:
+        return m.get_replica_list(self.key)
+
+
+class Exists(_KeyReq, tag="exists"):
+    def call(self, m: StoreMaster) -> bool:
+        return m.exists(self.key)
+
+
+class Describe(_KeyReq, tag="describe"):
+    def call(self, m: StoreMaster) -> ObjectMeta:
+        return m.describe(self.key)
+
+
+class Remove(_Req, tag="remove"):
+    key: Key
+    force: bool = False
+
+    def call(self, m: StoreMaster) -> None:
+        m.remove(self.key, self.force)
+
+
+class RemoveAll(_Req, tag="remove_all"):
+    force: bool = False
+
+    def call(self, m: StoreMaster) -> int:
+        return m.remove_all(self.force)
+
+
+class List(_Req, tag="list"):
+    prefix: Prefix = ""
+
+    def call(self, m: StoreMaster) -> list[str]:
+        return m.list(self.prefix)
+
+
+class Stats(_Req, tag="stats"):
+    def call(self, m: StoreMaster) -> StoreStats:
+        return m.stats()
+
+
+class RegisterExisting(_Req, tag="register_existing"):
+    key: Key
+    replicas: Annotated[list[Replica], msgspec.Meta(min_length=1, max_length=64)]
+    config: ReplicateConfig | None = None
+
+    def call(self, m: StoreMaster) -> ObjectMeta:
+        return m.register_existing(self.key, self.replicas, self.config)
+
+
+class BatchPutStart(_Req, tag="batch_put_start"):
+    keys: Keys
+    sizes: Annotated[list[Size], msgspec.Meta(max_length=MAX_BATCH)]
+    config: ReplicateConfig | None = None
+    tier: Tier = "dram"
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_put_start(self.keys, self.sizes, self.config, tier=self.tier)
+
+
+class BatchPutEnd(_Req, tag="batch_put_end"):
+    keys: Keys
+    checksums: Annotated[list[Checksum | None], msgspec.Meta(max_length=MAX_BATCH)] | None = None
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_put_end(self.keys, self.checksums)
+
+
+class BatchPutRevoke(_KeysReq, tag="batch_put_revoke"):
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_put_revoke(self.keys)
+
+
+class BatchGetReplicaList(_KeysReq, tag="batch_get_replica_list"):
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_get_replica_list(self.keys)
+
+
+class BatchExists(_KeysReq, tag="batch_exists"):
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_exists(self.keys)
+
+
+class BatchDescribe(_KeysReq, tag="batch_describe"):
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_describe(self.keys)
+
+
+class BatchRemove(_Req, tag="batch_remove"):
+    keys: Keys
+    force: bool = False
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_remove(self.keys, self.force)
+
+
+class WhoLeads(_Req, tag="who_leads"):
+    """Answered by the service, not the master (LeaderInfo); a standby answers it too."""
+
+    def call(self, m: StoreMaster) -> LeaderInfo:
+        raise InvalidParams("who_leads is answered by the master's service")
+
+
+class PollMoves(_Req, tag="poll_moves"):
+    """A client with an SSD segment asks which tier moves to make (see store/offload.py)."""
+
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    ack: Annotated[int, msgspec.Meta(ge=0)] = 0  # MoveOrders.ack of the forgets dropped
+
+    def call(self, m: StoreMaster) -> MoveOrders:
+        return m.poll_moves(self.client_id, self.ack)
+
+
+class MovesDone(_Req, tag="moves_done"):
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    results: Annotated[list[MoveResult], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> int:
+        return m.moves_done(self.client_id, self.results)
+
+
+SegmentName = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+
+class BatchAddReplicaStart(_Req, tag="batch_add_replica_start"):
+    """New replicas of complete objects on `segment` (see store/replicas_add.py); a single
+    add is a batch of one."""
+
+    keys: Keys
+    segment: SegmentName
+    sizes: Annotated[list[Size], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_add_replica_start(self.keys, self.segment, self.sizes)
+
+
+class BatchAddReplicaEnd(_Req, tag="batch_add_replica_end"):
+    keys: Keys
+    segment: SegmentName
+    checksums: Annotated[list[Checksum], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_add_replica_end(self.keys, self.segment, self.checksums)
+
+
+class BatchAddReplicaRevoke(_Req, tag="batch_add_replica_revoke"):
+    keys: Keys
+    segment: SegmentName
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.batch_add_replica_revoke(self.keys, self.segment)
+
+
+class PollHoldings(_Req, tag="poll_holdings"):
+    """A client's heartbeat that also fetches what changed in its DRAM segment since `ack` of
+    journal `epoch` (store/reports.py); answers a HoldingsReport."""
+
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    epoch: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    ack: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def call(self, m: StoreMaster) -> HoldingsReport:
+        return m.poll_holdings(self.client_id, self.epoch, self.ack)
+
+
+class RegisterHeld(_Req, tag="register_held"):
+    """A client re-announces the replicas its segment holds to a master that forgot it."""
+
+    held: Annotated[list[Held], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        return m.register_held(self.held)
+
+
+Request = Union[  # noqa: UP007 - msgspec wants a real Union of the tagged structs
+    MountSegment, UnmountSegment, Heartbeat, PutStart, PutEnd, PutRevoke, GetReplicaList,
+    Exists, Describe, Remove, RemoveAll, List, Stats, RegisterExisting, BatchPutStart,
+    BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists, BatchRemove, WhoLeads,
+    PollMoves, MovesDone, BatchAddReplicaStart, BatchAddReplicaEnd, BatchAddReplicaRevoke,
+    PollHoldings, RegisterHeld, BatchDescribe,
+]
+BATCHES = (BatchPutStart, BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists,
+           BatchDescribe, BatchRemove, BatchAddReplicaStart, BatchAddReplicaEnd,
+           BatchAddReplicaRevoke, RegisterHeld)
+
+
+class Reply(msgspec.Struct, frozen=True):
+    ok: bool
+    code: int = 0
+    message: str = ""
+    result: msgspec.Raw = msgspec.Raw(b"\xc0")  # msgpack nil
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_REQUEST = msgspec.msgpack.Decoder(Request)
+_REPLY = msgspec.msgpack.Decoder(Reply)
+
+
+def encode(obj: Any) -> bytes:
+    return _ENCODER.encode(obj)
+
+
+def decode_request(body: bytes) -> Request:
+    """The request in `body`; InvalidParams saying what is wrong with it otherwise."""
+    try:
+        return _REQUEST.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise InvalidParams(f"malformed request: {e}") from None
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise InvalidParams(f"malformed request: {type(e).__name__}: {e}") from None
+
+
+def ok(value: Any = None) -> Reply:
+    return Reply(True, 0, "", msgspec.Raw(encode(value)))
+
+
+def error(e: StoreError) -> Reply:
+    return Reply(False, int(e.code), str(e))
+
+
+def run(master: StoreMaster, req: Request) -> Reply:
+    """Run `req` against `master`; StoreErrors become error replies."""
+    try:
+        value: Any = req.call(master)
+    except StoreError as e:
+        return error(e)
+    if isinstance(req, BATCHES):
+        value = [error(v) if isinstance(v, StoreError) else ok(v) for v in value]
+    return ok(value)
+
+
+def decode_reply(body: bytes) -> Reply:
+    try:
+        return _REPLY.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise StoreError(f"malformed reply from the master: {e}", ErrorCode.RPC_FAIL) from None
+
+
+def result(reply: Reply, kind: Any) -> Any:
+    """The reply's value as `kind`, or the StoreError it carries."""
+    if not reply.ok:
+        raise error_from_code(reply.code, reply.message)
+    try:
+        return msgspec.msgpack.decode(reply.result, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise StoreError(f"unexpected result from the master: {e}", ErrorCode.RPC_FAIL) from None
+
+
+def mac(secret: bytes, body: bytes) -> bytes:
+    return hmac.new(secret, body, hashlib.sha256).digest()
+
+
+def mac_ok(secret: bytes, body: bytes, tag: bytes) -> bool:
+    return hmac.compare_digest(mac(secret, body), tag)
