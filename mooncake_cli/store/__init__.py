@@ -1,5 +1,7 @@
-"""Mooncake Store: the master's metadata/allocation/lease/eviction logic (network-free), its RPC
-service (service.MasterService) and the client (client.StoreClient, imported on first use)."""
+"""Mooncake Store: the master's metadata/allocation/lease/eviction logic (master/, network-free;
+its eviction policies in eviction/), its RPC service (service.MasterService), the wire between
+them (wire/), HA through etcd (ha/) and the client (client/: StoreClient, imported on first
+use)."""
 
 from types import MappingProxyType
 from typing import Any
