@@ -82,8 +82,14 @@ def identify(host: str, port: int, timeout: float = 3.0) -> Kind:
     if r.status == 200 and isinstance(data, dict) and "etcdserver" in data:
         return Kind("etcd", f"etcd {data['etcdserver']} (cluster {data.get('etcdcluster', '?')})",
                     str(data["etcdserver"]))
-    if r.status == 404 and r.body.startswith(b"unknown path"):
+    if r.status == 404 and r.body.startswith(b"unknown path"):  # before the shared HTTP edge
         return Kind("mooncake-http", f"Mooncake HTTP metadata server ({r.server})")
+    try:  # a metadata server at its default path asks for ?key= (workers and the conductor 404)
+        m = request(host, port, "GET", "/metadata", timeout=timeout)
+    except OSError:
+        m = None
+    if m is not None and m.status == 400 and b"?key=" in m.body:
+        return Kind("mooncake-http", f"Mooncake HTTP metadata server ({m.server})")
     return Kind("http", f"HTTP {r.status} on /version (Server: {r.server or 'not given'})")
 
 
