@@ -49,7 +49,7 @@ class AdaptivePolicy:
         self.experts = [make() for make in experts]
         self._shadows = [Shadow(make()) for make in experts]
         self.scores = [0.0] * len(self.experts)  # decayed recent hits of each shadow
-        self._held = 0
+        self._held: set[str] = set()
         self._room = 1  # the most objects held so far: the shadows' size
         self._half_life = half_life
 
@@ -58,13 +58,13 @@ class AdaptivePolicy:
         return self.experts[max(range(len(self.scores)), key=self.scores.__getitem__)]
 
     def _access(self, key: str) -> None:
-        self._room = max(self._room, self._held)
+        self._room = max(self._room, len(self._held))
         keep = 0.5 ** (1.0 / (self._half_life * self._room))
         for i, shadow in enumerate(self._shadows):
             self.scores[i] = self.scores[i] * keep + shadow.access(key, self._room)
 
     def admit(self, key: str) -> None:
-        self._held += 1
+        self._held.add(key)
         for e in self.experts:
             e.admit(key)
         self._access(key)
@@ -80,7 +80,7 @@ class AdaptivePolicy:
             e.chain(keys)
 
     def remove(self, key: str, evicted: bool) -> None:
-        self._held -= 1
+        self._held.discard(key)
         for e in self.experts:
             e.remove(key, evicted)
 
@@ -88,4 +88,4 @@ class AdaptivePolicy:
         return self.leader.victims()
 
     def __len__(self) -> int:
-        return self._held
+        return len(self._held)
