@@ -19,6 +19,7 @@ from mooncake_cli.store import ReplicateConfig, Segment, StoreMaster, protocol
 from mooncake_cli.store.eviction import make_policy, policy_names
 from mooncake_cli.store.metrics import render
 from mooncake_cli.store.records import StoreStats
+from tests.helpers.prom import value
 from tests.helpers.store_procs import Proc
 
 KiB = 1 << 10
@@ -106,9 +107,9 @@ def test_cli_master_runs_a_plugin_policy_and_reports_it(plugin_path: Path) -> No
         assert m.ready["eviction"] == "fifo-test"
         with urllib.request.urlopen(str(m.ready["metrics"]), timeout=10) as r:
             text = r.read().decode()
-        assert 'mooncake_store_eviction_policy{policy="fifo-test"} 1' in text
-        assert 'mooncake_store_evictions_by_cause_total{policy="fifo-test",cause="room"} 0' \
-            in text
+        assert value(text, "mooncake_store_eviction_policy", policy="fifo-test") == 1
+        assert value(text, "mooncake_store_evictions_by_cause_total", policy="fifo-test",
+                     cause="room") == 0
         result = CliRunner().invoke(app, ["--json", "store", "stat", "--master",
                                           str(m.ready["address"])], prog_name="mooncake")
         assert result.exit_code == 0, result.output
@@ -128,13 +129,14 @@ def test_metrics_and_the_stats_reply_carry_the_policy_figures() -> None:
     assert stats.policy == "lfu" and stats.evicted_by == {"room": 2}
     assert stats.tiers["dram"].resident_bytes == 4 * 4 * KiB
     text = render(stats)
-    for line in ('mooncake_store_eviction_policy{policy="lfu"} 1',
-                 'mooncake_store_policy_hits_total{policy="lfu"} 1',
-                 'mooncake_store_evictions_by_cause_total{policy="lfu",cause="room"} 2',
-                 'mooncake_store_evictions_by_cause_total{policy="lfu",cause="ssd"} 0',
-                 'mooncake_store_resident_bytes{tier="dram"} 16384',
-                 'mooncake_store_copied_bytes_total{kind="replica"} 0'):
-        assert line in text.splitlines(), line
+    for name, labels, want in (
+            ("eviction_policy", {"policy": "lfu"}, 1),
+            ("policy_hits_total", {"policy": "lfu"}, 1),
+            ("evictions_by_cause_total", {"policy": "lfu", "cause": "room"}, 2),
+            ("evictions_by_cause_total", {"policy": "lfu", "cause": "ssd"}, 0),
+            ("resident_bytes", {"tier": "dram"}, 16384),
+            ("copied_bytes_total", {"kind": "replica"}, 0)):
+        assert value(text, "mooncake_store_" + name, **labels) == want, name
     reply = protocol.decode_reply(protocol.encode(protocol.run(m, protocol.Stats())))
     wire = protocol.result(reply, StoreStats)
     assert (wire.policy, dict(wire.evicted_by), wire.tiers["dram"].resident_bytes) == \
