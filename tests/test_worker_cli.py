@@ -21,6 +21,7 @@ runner = CliRunner()
     ("decode", ["--heartbeat", "0"], "heartbeat must be > 0"),
     ("prefill", ["--model", "/nonexistent/model"], "no such file or directory"),
     ("decode", ["--dtype", "int8"], "use one of"),
+    ("decode", ["--threads", "-1"], "threads must be >= 0"),
 ])
 def test_bad_settings_exit_2(role: str, args: list[str], message: str) -> None:
     result = runner.invoke(app, [role, *args], env={"MOONCAKE_SECRET": ""},

@@ -24,6 +24,7 @@ def _opt(flag: str, name: str, metavar: str | None = None) -> Any:
 MODEL = _opt("--model", "model", "DIR|FILE|NAME")
 DEVICE = _opt("--device", "device")
 DTYPE = _opt("--dtype", "dtype")
+THREADS = _opt("--threads", "threads", "N")
 STORE = _opt("--store", "store", "MASTER|none")
 SEGMENT = _opt("--segment-size", "segment_size")
 LISTEN = _opt("--listen", "listen", "HOST:PORT")
@@ -66,13 +67,15 @@ def _serve(out: Out, role: str, **flags: Any) -> None:
 
 
 def prefill(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: str = DTYPE,
+            threads: int = THREADS,
             store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
             advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
             chunk_size: int = CHUNK,
             conductor: str = CONDUCTOR, name: str = NAME, heartbeat: float = HEARTBEAT) -> None:
     """Serve prefill: reuse stored prefix blocks, compute the rest in chunks, store new blocks
     and stream the KV to a decode worker (POST /v1/prefill)."""
-    _serve(ctx.obj, "prefill", model=model, device=device, dtype=dtype, store=store,
+    _serve(ctx.obj, "prefill", model=model, device=device, dtype=dtype, threads=threads,
+           store=store,
            segment_size=segment_size, listen=listen, advertise=advertise,
            block_size=block_size,
            kv_blocks=kv_blocks, chunk_size=chunk_size, conductor=conductor, name=name,
@@ -80,6 +83,7 @@ def prefill(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype:
 
 
 def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: str = DTYPE,
+           threads: int = THREADS,
            store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
            advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
            chunk_size: int = CHUNK,
@@ -87,7 +91,8 @@ def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: 
     """Serve decode: KV reservations filled by prefill workers, continuous batching, tokens
     streamed as server-sent events (POST /v1/kv/reserve, /v1/generate, /v1/kv/release).
     With --store it contributes --segment-size of DRAM to the store's pool."""
-    _serve(ctx.obj, "decode", model=model, device=device, dtype=dtype, store=store,
+    _serve(ctx.obj, "decode", model=model, device=device, dtype=dtype, threads=threads,
+           store=store,
            segment_size=segment_size, listen=listen, advertise=advertise,
            block_size=block_size,
            kv_blocks=kv_blocks, chunk_size=chunk_size, conductor=conductor, name=name,

@@ -30,6 +30,9 @@ class WorkerConfig:
                                    "demo with random weights (demo, demo-25m)")
     device: str = described("cpu", "cpu, cuda or cuda:N")
     dtype: str = described("float32", "float32, bfloat16 or float16")
+    threads: int = described(0, "torch threads for the model (0: torch's default, one per "
+                                "core); on a host shared by several workers give each its "
+                                "share of the cores")
     store: str = described("none", "HOST:PORT of the store master (or etcd://... of an HA "
                                    "store), or none")
     segment_size: int = size_field(256 << 20, "DRAM this worker contributes to the store, "
@@ -62,6 +65,8 @@ class WorkerConfig:
             raise ConfigError(f"block_size {self.block_size} is too large (at most 4096 tokens)")
         if self.heartbeat <= 0 or self.drain_timeout < 0:
             raise ConfigError("heartbeat must be > 0 and drain_timeout >= 0 seconds")
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0, got {self.threads}")
         if self.segment_size < 0:
             raise ConfigError("segment_size must not be negative")
         if self.conductor.startswith("etcd://"):

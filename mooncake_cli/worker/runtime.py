@@ -55,6 +55,10 @@ class WorkerRuntime:
                  registry: Registry | None = None) -> None:
         self.cfg = cfg
         self.draining = threading.Event()
+        if cfg.threads:
+            import torch
+
+            torch.set_num_threads(cfg.threads)
         self.model = load_model(cfg.model, cfg.device, cfg.dtype,
                                 progress=lambda msg: log.warning("%s", msg))
         self.ns = self.model.namespace(cfg.block_size)
