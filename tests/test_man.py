@@ -145,11 +145,11 @@ def test_every_option_is_documented(path: tuple[str, ...], option: str) -> None:
 
 def test_root_page_covers_environment_exit_codes_and_config_file() -> None:
     from mooncake_cli.app import EXIT_CODES
-    from mooncake_cli.config import TransferConfig
+    from mooncake_cli.config import TABLES, TransferConfig
 
     sections = _sections(_read(f"{PROG}.1"), "SH")
     env = sections["ENVIRONMENT"]
-    for var in ("MOONCAKE_PLUGINS", "MOONCAKE_SECRET", "MOONCAKE_<FIELD>"):
+    for var in ("MOONCAKE_PLUGINS", "MOONCAKE_SECRET", "MOONCAKE_<TABLE>_<FIELD>"):
         assert var in env
     status = sections["EXIT STATUS"]
     for _kind, code in EXIT_CODES:
@@ -158,7 +158,10 @@ def test_root_page_covers_environment_exit_codes_and_config_file() -> None:
     assert "[transfer]" in files and "--config" in files
     for field in TransferConfig.__dataclass_fields__:
         assert _mentions(files, field.replace("_", "-")), field
-        assert f"MOONCAKE_{field.upper()}" in files
+        assert f"MOONCAKE_TRANSFER_{field.upper()}" in files
+    for table in TABLES:  # every role's table, with its own environment variables
+        assert f"[{table}]" in files, table
+        assert f"MOONCAKE_{table.upper()}_" in files, table
     assert "--help" in sections["GLOBAL OPTIONS"]
     assert "SEE ALSO" in sections and "mooncake-transfer(1)" in sections["SEE ALSO"]
 
