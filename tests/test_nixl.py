@@ -217,3 +217,22 @@ def test_a_plain_buffer_unregistered_by_the_peer_is_refused_after_the_refresh(
     assert st.state is State.FAILED and "bounds" in st.reason
     assert bytes(gone.view) == bytes(MiB)  # nothing landed in the unregistered buffer
     assert eng.transfer(Op.WRITE, src, 0, tgt.name, keep.base, MiB).state is State.COMPLETED
+
+
+def test_the_vram_check_runs_its_device_path_on_host_tensors() -> None:
+    """`python -m mooncake_cli.bench.vram --device cuda` is the GPU machine's check; on
+    `--device cpu` the same code moves host tensors (DRAM regions) between two processes."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "mooncake_cli.bench.vram", "--device", "cpu",
+                        "--sizes", "1MiB,4MiB", "--duration", "0.2"], capture_output=True,
+                       text=True, timeout=100)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = [(x["row"], x["op"], x["bytes"]) for x in out["rows"]]
+    assert rows == [("nixl", "write", MiB), ("nixl", "read", MiB), ("device copy", "copy", MiB),
+                    ("nixl", "write", 4 * MiB), ("nixl", "read", 4 * MiB),
+                    ("device copy", "copy", 4 * MiB)]
+    assert all(x["gbps"] > 0 for x in out["rows"])
+    assert all(x["verified"] and x["vs_device_copy"] > 0 for x in out["rows"] if x["row"] == "nixl")
