@@ -82,16 +82,30 @@ class KVNamespace:
 def model_id_from(name: str) -> str:
     """A valid model id from a path or repo name: its last component, other characters -> '_'.
 
-    For a checkpoint directory (one with config.json) the id ends in `-<fingerprint>`, so the
-    same checkpoint gets the same id on every host while another checkpoint that shares the
-    directory name (two fine-tunes saved as `final/`) never shares its KV blocks.
+    For a checkpoint directory (one with config.json) or a checkpoint file (a .gguf) the id
+    ends in `-<fingerprint>`, so the same checkpoint gets the same id on every host while
+    another checkpoint that shares the name (two fine-tunes saved as `final/` or `model.gguf`)
+    never shares its KV blocks.
     """
     last = name.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1] or "model"
     base = re.sub(r"[^A-Za-z0-9._-]", "_", last)
     path = Path(name)
     if (path / "config.json").is_file():
         return f"{base[:119]}-{fingerprint(path)}"
+    if path.is_file():
+        return f"{base[:119]}-{_file_fingerprint(path)}"
     return base[:128]
+
+
+def _file_fingerprint(f: Path, sample: int = 1 << 20) -> str:
+    """8 hex digits of xxh3_64 over a file's size and first and last `sample` bytes."""
+    size = f.stat().st_size
+    h = xxhash.xxh3_64(str(size).encode())
+    with f.open("rb") as fh:
+        h.update(fh.read(sample))
+        fh.seek(max(0, size - sample))
+        h.update(fh.read(sample))
+    return h.hexdigest()[:8]
 
 
 def fingerprint(path: Path, sample: int = 1 << 20) -> str:

@@ -139,3 +139,16 @@ def test_command_line_reports_one_line(tiny: Path, tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "truncated" in lines[0]
     assert "Traceback" not in done.stderr
+
+
+def test_same_name_different_weights_never_share_kv(tmp_path: Path) -> None:
+    from mooncake_cli.engine.source import open_source
+
+    a = write_gguf(write_model(tmp_path / "hf-a", "llama", seed=1), tmp_path / "model.gguf")
+    (tmp_path / "b").mkdir()
+    b = write_gguf(write_model(tmp_path / "hf-b", "llama", seed=2), tmp_path / "b" / "model.gguf")
+    (tmp_path / "copy").mkdir()
+    same = tmp_path / "copy" / "model.gguf"
+    shutil.copy(a, same)
+    ids = [open_source(p).model_id for p in (a, b, same)]
+    assert ids[0] != ids[1] and ids[0] == ids[2] and ids[0].startswith("model.gguf-")

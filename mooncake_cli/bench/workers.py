@@ -19,15 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from mooncake_cli.bench.stats import Child
 from mooncake_cli.config import TransferConfig
-from mooncake_cli.engine import demo
-from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.loader import resolve_dtype
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.jsonhttp import call, events
@@ -77,7 +74,9 @@ class BenchWorkersConfig:
 
 def _block_bytes(cfg: BenchWorkersConfig) -> int:
     """Bytes of one KV block of the model, read from its config (without loading weights)."""
-    mc = demo.DEMOS.get(cfg.model) or ModelConfig.from_file(Path(cfg.model) / "config.json")
+    from mooncake_cli.engine.source import open_source
+
+    mc = open_source(cfg.model).config
     item = torch.empty((), dtype=resolve_dtype(cfg.dtype)).element_size()
     return mc.num_layers * 2 * mc.num_kv_heads * cfg.block_size * mc.head_dim * item
 

@@ -55,9 +55,10 @@ class _Bar:
 
 def profile(
     ctx: typer.Context,
-    model: str = typer.Option(None, "--model", metavar="DIR", help="Checkpoint directory "
-                              "(config.json, *.safetensors, tokenizer.json) or a built-in demo: "
-                              "demo, demo-25m (random weights) [default: demo]."),
+    model: str = typer.Option(None, "--model", metavar="DIR|FILE|NAME",
+                              help="Checkpoint directory (config.json, *.safetensors, "
+                                   "tokenizer.json), .gguf file, named model, or a demo: "
+                                   "demo, demo-25m (random weights) [default: demo]."),
     device: str = typer.Option(None, "--device", help="cpu, cuda or cuda:N [default: cpu]."),
     dtype: str = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 "
                               "[default: float32]."),
