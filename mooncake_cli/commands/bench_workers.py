@@ -45,10 +45,11 @@ def _human(rep: dict[str, Any]) -> Any:
 
 def workers(
     ctx: typer.Context,
-    model: str = typer.Option(None, "--model", metavar="DIR|demo",
-                              help="Checkpoint directory or built-in demo [default: demo-25m, "
+    model: str = typer.Option(None, "--model", metavar="DIR|FILE|NAME",
+                              help="Checkpoint directory, .gguf file, named model or demo "
+                                   "[default: demo-25m, "
                                    "big enough that compute dominates on a CPU]."),
-    decode_model: str = typer.Option(None, "--decode-model", metavar="DIR|demo",
+    decode_model: str = typer.Option(None, "--decode-model", metavar="DIR|FILE|NAME",
                                      help="Model of the continuous-batching figure [default: "
                                           "demo, whose decode steps are dominated by per-step "
                                           "costs, as memory-bound GPU decode steps are]."),
