@@ -5,6 +5,7 @@ broken files give one clear error each."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -152,3 +153,48 @@ def test_same_name_different_weights_never_share_kv(tmp_path: Path) -> None:
     shutil.copy(a, same)
     ids = [open_source(p).model_id for p in (a, b, same)]
     assert ids[0] != ids[1] and ids[0] == ids[2] and ids[0].startswith("model.gguf-")
+
+
+def test_sentencepiece_tokenizer_matches_transformers(tmp_path: Path) -> None:
+    """A `llama` (SentencePiece BPE, byte fallback) vocabulary in GGUF metadata: the tokenizer
+    we rebuild encodes and decodes as transformers' rebuild of the same file."""
+    import gguf
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer
+
+    from mooncake_cli.engine.gguf_file import GGUFCheckpoint
+    from mooncake_cli.engine.gguf_tokenizer import build_tokenizer
+    from mooncake_cli.engine.tokenizer import HFTokenizer
+    from tests.helpers.tiny_models import CORPUS
+
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    trained = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
+                                                     split=False)
+    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=420, special_tokens=specials, show_progress=False))
+    model = json.loads(trained.to_str())["model"]
+    tokens = sorted(model["vocab"], key=model["vocab"].__getitem__)
+    path = tmp_path / "sp.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_types([2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else
+                       6 if t.startswith("<0x") else 1 for t in tokens])
+    w.add_token_scores([-float(i) for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model["merges"]])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours = HFTokenizer.from_object(build_tokenizer(GGUFCheckpoint(path).meta, str(path)))
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in ["The KV cache is the centre", " leading space", "café ünïcode ☃",
+                 "a  b\n\nc", "Prefill computes the cache;"]:
+        ids = ours.encode(text)
+        assert ids == theirs(text).input_ids and ids[0] == 1
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
