@@ -167,7 +167,24 @@ class GGUFCheckpoint:
             if self.family.gguf_permutes_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
                 w = unpermute(w, heads if "q_proj" in name else kv_heads)
             w = np.ascontiguousarray(w)
-            yield name, torch.from_numpy(w if w.flags.writeable else w.copy())
+            w = w if w.flags.writeable else w.copy()
+            self._drop_pages(t.data_offset, t.n_bytes)
+            yield name, torch.from_numpy(w)
+
+    def _drop_pages(self, offset: int, length: int) -> None:
+        """Let the kernel drop the file pages of a tensor already dequantized, so the mapped
+        file does not add to the load's peak memory (the page cache keeps them)."""
+        import mmap
+
+        mm = getattr(self._reader.data, "_mmap", None)
+        page = mmap.PAGESIZE
+        start = offset // page * page
+        if mm is None or not hasattr(mm, "madvise"):
+            return
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, min(len(mm), offset + length) - start)
+        except (OSError, ValueError):  # advice only
+            pass
 
 
 def _value(field: Any) -> Any:
