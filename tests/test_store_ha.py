@@ -193,7 +193,7 @@ def test_ha_and_metrics_port_settings(tmp_path: Any) -> None:
     where = HaAddress.parse(cfg.ha)
     assert where.endpoints == (("10.0.0.1", 2379), ("10.0.0.2", 2379))
     assert where.key == "/mooncake/store/prod/leader"
-    cfg = load(StoreConfig, "store", str(toml), env={"MOONCAKE_METRICS_PORT": "0"}, ha="")
+    cfg = load(StoreConfig, "store", str(toml), env={"MOONCAKE_STORE_METRICS_PORT": "0"}, ha="")
     assert (cfg.ha, cfg.metrics_port) == ("", 0)
     assert load(StoreConfig, "store", None, env={}).metrics_port == -1  # off
     for bad in ({"ha": "etcd://nohost"}, {"ha": "etcd://h:2379/bad name"},
