@@ -73,7 +73,9 @@ class LaneServer:
         self._sock.listen(64)
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name="mooncake-store-lane", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, name="mooncake-store-lane",
+                                          daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while True:
@@ -100,10 +102,12 @@ class LaneServer:
 
     def close(self) -> None:
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept: the name is free after it
         except OSError:
             pass
         self._sock.close()
+        if self._acceptor is not threading.current_thread():
+            self._acceptor.join(timeout=5)
         with self._lock:
             for c in list(self._conns):
                 try:
