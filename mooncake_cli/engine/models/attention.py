@@ -72,6 +72,10 @@ def _one(q: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, s: SeqSlice, windo
         lo = max(0, first - window + 1)
         keys, values = keys[:, lo:], values[:, lo:]
     query = q.transpose(0, 1)[None]  # [1, heads, n, d]
+    if first == 0 and s.n > 1 and (window is None or s.ctx <= window):
+        # a whole prompt in one chunk: plain causal attention, which SDPA runs without a mask
+        return F.scaled_dot_product_attention(query, keys[None], values[None], is_causal=True,
+                                              enable_gqa=gqa)[0].transpose(0, 1)
     mask = None
     if s.n > 1 or (window is not None and s.ctx - lo > window):
         qpos = torch.arange(first, s.ctx, device=q.device)[:, None]
