@@ -58,7 +58,7 @@ def test_profile_writes_the_conductor_schema(tmp_path: Path) -> None:
     (["--lengths", "16,x"], ["--lengths", "comma-separated integers"]),
     (["--lengths", "16,32"], ["at least 3 lengths"]),
     (["--cached", "0,1.5"], ["--cached", "[0, 1)"]),
-    (["--model", "/nonexistent/model"], ["no such directory"]),
+    (["--model", "/nonexistent/model"], ["no such file or directory"]),
     (["--dtype", "int8"], ["dtype"]),
 ])
 def test_profile_bad_input(args: list[str], words: list[str], tmp_path: Path) -> None:
