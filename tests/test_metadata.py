@@ -225,7 +225,8 @@ TTL = 2.0
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
 def test_descriptor_of_a_dead_engine_expires(url: str, how: str, spawn_target) -> None:
     name = unique("dying")
-    t = spawn_target(1 << 20, metadata=url, name=name, env={"MOONCAKE_TRANSFER_METADATA_TTL": f"{TTL:g}"})
+    t = spawn_target(1 << 20, metadata=url, name=name,
+                     env={"MOONCAKE_TRANSFER_METADATA_TTL": f"{TTL:g}"})
     assert t.segment == name
     client = open_metadata(url, ttl=10)
     try:
