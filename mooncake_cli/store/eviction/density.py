@@ -1,0 +1,152 @@
+"""Hit density: evict the object with the fewest expected hits per unit of room-time, from what
+this cache has seen so far (no knowledge of the future; LHD, Beckmann et al., NSDI'18, in a
+simple form).
+
+Objects fall in classes by how often they were read in their stay (0 .. CLASSES-1). Two things
+are learnt online, from the accesses alone:
+- per class, the share of objects that were used again (read, or put again after eviction: the
+  keys of evicted objects are remembered, up to GHOSTS x objects held), as odds o(c);
+- over all classes, the distribution of reuse gaps (accesses between two uses), in log buckets:
+  the survival S(a) (the share of gaps longer than a) and the mean residual gap R(a).
+An object of class c and age a (accesses since its last use) is worth p / R(a), where p, the
+chance it is used again, is o(c) S(a) / (1 + o(c) S(a)). The estimates are refitted every
+PERIOD accesses, the counts decayed by DECAY then. Within a class the oldest object is worth
+least (S falls with age), so victims are the class heads, least worth first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+
+PER_OCTAVE = 4  # age buckets per doubling
+BUCKETS = 28 * PER_OCTAVE
+CLASSES = 6
+GHOSTS = 8  # evicted keys remembered, x objects held
+PERIOD = 2048  # accesses between refits
+DECAY = 0.999  # counts kept at each refit
+MID = [2 ** ((b + 0.5) / PER_OCTAVE) for b in range(BUCKETS)]
+
+
+def bucket(age: int) -> int:
+    """The log bucket of an age in accesses."""
+    return min(BUCKETS - 1, int(math.log2(age + 1) * PER_OCTAVE))
+
+
+class HitDensityPolicy:
+    name = "density"
+
+    def __init__(self) -> None:
+        self.queues: list[OrderedDict[str, None]] = [OrderedDict() for _ in range(CLASSES)]
+        self._class: dict[str, int] = {}
+        self._last: dict[str, int] = {}  # key -> clock at its last use
+        self._ghosts: OrderedDict[str, tuple[int, int]] = OrderedDict()  # evicted: class, last
+        self.clock = 0
+        self._gaps = [0.0] * BUCKETS
+        self._entries = [1.0] * CLASSES  # prior: 0.3 of objects used again
+        self._reused = [0.3] * CLASSES
+        self.odds = [0.4] * CLASSES
+        self.survival = [1.0] * BUCKETS
+        self.residual = [1.0] * BUCKETS
+        self._since = 0
+
+    # -- learning --------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        self.clock += 1
+        self._since += 1
+        if self._since >= PERIOD:
+            self._since = 0
+            self.refit()
+
+    def refit(self) -> None:
+        """The odds per class, S and R from the counts so far; then the counts decay."""
+        for c in range(CLASSES):
+            p = min(0.99, self._reused[c] / self._entries[c])
+            self.odds[c] = p / (1 - p)
+        total = sum(self._gaps)
+        longer = total
+        for b in range(BUCKETS):
+            longer -= self._gaps[b]
+            self.survival[b] = (longer + 1e-3) / (total + 1e-3) if total else 1.0
+        n = w = 0.0
+        for b in range(BUCKETS - 1, -1, -1):
+            n += self._gaps[b]
+            w += self._gaps[b] * MID[b]
+            self.residual[b] = max(1.0, w / n - MID[b] if n else 1.0) + MID[0]
+        self._gaps = [g * DECAY for g in self._gaps]
+        self._entries = [e * DECAY for e in self._entries]
+        self._reused = [r * DECAY for r in self._reused]
+
+    def _reuse(self, c: int, last: int) -> None:
+        self._gaps[bucket(self.clock - last)] += 1
+        self._reused[c] += 1
+
+    def _place(self, key: str, c: int) -> None:
+        old = self._class.get(key)
+        if old is not None:
+            del self.queues[old][key]
+        self._class[key] = c
+        self.queues[c][key] = None
+        self._last[key] = self.clock
+        self._entries[c] += 1
+
+    def worth(self, key: str) -> float:
+        """Expected hits per access of room `key` holds now."""
+        b = bucket(self.clock - self._last[key])
+        o = self.odds[self._class[key]] * self.survival[b]
+        return o / (1 + o) / self.residual[b]
+
+    # -- the policy ------------------------------------------------------------------------------
+    def admit(self, key: str) -> None:
+        self._tick()
+        ghost = self._ghosts.pop(key, None)
+        if ghost is not None:  # used again, after its eviction
+            self._reuse(*ghost)
+            self._place(key, min(CLASSES - 1, ghost[0] + 1))
+        else:
+            self._place(key, 0)
+
+    def touch(self, key: str, hit: bool) -> None:
+        c = self._class.get(key)
+        if c is None:
+            return
+        if hit:
+            self._tick()
+            self._reuse(c, self._last[key])
+            self._place(key, min(CLASSES - 1, c + 1))
+        else:
+            self.queues[c].move_to_end(key)
+            self._last[key] = self.clock
+
+    def chain(self, keys: Sequence[str]) -> None:
+        pass
+
+    def remove(self, key: str, evicted: bool) -> None:
+        c = self._class.pop(key, None)
+        if c is None:
+            return
+        del self.queues[c][key]
+        last = self._last.pop(key)
+        if evicted:
+            self._ghosts[key] = (c, last)
+            while len(self._ghosts) > GHOSTS * max(1, len(self._class)):
+                self._ghosts.popitem(last=False)
+
+    def victims(self) -> Iterator[str]:
+        its = [iter(q) for q in self.queues]
+        heads = [next(it, None) for it in its]
+        while True:
+            best, pick = 0.0, -1
+            for i, head in enumerate(heads):
+                if head is not None:
+                    w = self.worth(head)
+                    if pick < 0 or w < best:
+                        best, pick = w, i
+            if pick < 0:
+                return
+            yield heads[pick]  # type: ignore[misc]
+            heads[pick] = next(its[pick], None)
+
+    def __len__(self) -> int:
+        return len(self._class)

@@ -1,0 +1,66 @@
+"""Hit density (density.py): victims by expected hits per access of room, learnt online from
+reuse odds per read count and the reuse gaps; and prefix's default inner policy using it."""
+
+from __future__ import annotations
+
+from mooncake_cli.store.eviction import AdaptivePolicy, PrefixPolicy
+from mooncake_cli.store.eviction.density import PERIOD, HitDensityPolicy, bucket
+
+
+def test_buckets_are_logarithmic_in_age() -> None:
+    assert bucket(0) == 0
+    assert bucket(1) < bucket(3) < bucket(15) < bucket(1 << 20)
+    assert bucket(1 << 40) == bucket(1 << 60)  # the last bucket holds every older age
+
+
+def test_oldest_first_within_a_class_and_untouched_keys_follow_their_class() -> None:
+    p = HitDensityPolicy()
+    for k in ("a", "b", "c"):
+        p.admit(k)
+    p.touch("a", False)  # renewed, not read: still class 0, now the youngest
+    assert list(p.victims()) == ["b", "c", "a"]
+    p.touch("b", True)  # read: class 1
+    assert p.queues[1] and list(p.queues[1]) == ["b"]
+    assert sorted(p.victims()) == ["a", "b", "c"] and len(p) == 3
+    p.remove("c", evicted=False)
+    p.remove("nope", evicted=True)  # unknown keys are ignored
+    assert sorted(p.victims()) == ["a", "b"]
+
+
+def test_keys_read_again_are_learnt_to_be_worth_more_than_one_shot_keys() -> None:
+    p = HitDensityPolicy()
+    hot = [f"h{i}" for i in range(8)]
+    for k in hot:
+        p.admit(k)
+    n = 0
+    while p.clock < 3 * PERIOD:  # hot keys read over and over, a stream of one-shot keys
+        for k in hot:
+            p.touch(k, True)
+        for _ in range(8):
+            p.admit(f"s{n}")
+            n += 1
+            if len(p) > 64:
+                p.remove(next(p.victims()), evicted=True)
+    for k in hot:  # just read: younger than their reuse gap
+        p.touch(k, True)
+    assert p.odds[p.queues.index(next(q for q in p.queues if "h0" in q))] > 100 * p.odds[0]
+    got = list(p.victims())
+    assert all(got.index(k) >= len(got) - len(hot) for k in hot), got[-12:]
+
+
+def test_an_evicted_key_put_again_counts_as_reused() -> None:
+    p = HitDensityPolicy()
+    p.admit("x")
+    p.remove("x", evicted=True)
+    before = p._reused[0]
+    p.admit("x")  # remembered as a ghost: a reuse of class 0, and back in class 1
+    assert p._reused[0] == before + 1 and list(p.queues[1]) == ["x"]
+    p.remove("x", evicted=False)
+    p.admit("x")  # removed, not evicted: no ghost, a new key
+    assert list(p.queues[0]) == ["x"]
+
+
+def test_prefix_steers_adaptive_with_hit_density_as_an_expert() -> None:
+    p = PrefixPolicy()
+    assert isinstance(p.inner, AdaptivePolicy)
+    assert [e.name for e in p.inner.experts] == ["lru", "lfu", "arc", "density"]
