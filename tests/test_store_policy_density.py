@@ -1,9 +1,9 @@
 """Hit density (density.py): victims by expected hits per access of room, learnt online from
-reuse odds per read count and the reuse gaps; and prefix's default inner policy using it."""
+reuse odds per read count and the reuse gaps; prefix's default inner order."""
 
 from __future__ import annotations
 
-from mooncake_cli.store.eviction import AdaptivePolicy, PrefixPolicy
+from mooncake_cli.store.eviction import PrefixPolicy
 from mooncake_cli.store.eviction.density import PERIOD, HitDensityPolicy, bucket
 
 
@@ -60,7 +60,5 @@ def test_an_evicted_key_put_again_counts_as_reused() -> None:
     assert list(p.queues[0]) == ["x"]
 
 
-def test_prefix_steers_adaptive_with_hit_density_as_an_expert() -> None:
-    p = PrefixPolicy()
-    assert isinstance(p.inner, AdaptivePolicy)
-    assert [e.name for e in p.inner.experts] == ["lru", "lfu", "arc", "density"]
+def test_prefix_steers_hit_density_by_default() -> None:
+    assert isinstance(PrefixPolicy().inner, HitDensityPolicy)

@@ -2,16 +2,18 @@
 this cache has seen so far (no knowledge of the future; LHD, Beckmann et al., NSDI'18, in a
 simple form).
 
-Objects fall in classes by how often they were read in their stay (0 .. CLASSES-1). Two things
-are learnt online, from the accesses alone:
+Objects fall in classes by how often they were used again (read, or put again after eviction;
+capped at CLASSES-1). Two things are learnt online, from the accesses alone:
 - per class, the share of objects that were used again (read, or put again after eviction: the
   keys of evicted objects are remembered, up to GHOSTS x objects held), as odds o(c);
-- over all classes, the distribution of reuse gaps (accesses between two uses), in log buckets:
-  the survival S(a) (the share of gaps longer than a) and the mean residual gap R(a).
-An object of class c and age a (accesses since its last use) is worth p / R(a), where p, the
-chance it is used again, is o(c) S(a) / (1 + o(c) S(a)). The estimates are refitted every
-PERIOD accesses, the counts decayed by DECAY then. Within a class the oldest object is worth
-least (S falls with age), so victims are the class heads, least worth first.
+- over all classes, the distribution of reuse gaps, in log buckets: the survival S(a) (the share
+  of gaps longer than a) and the mean residual gap R(a).
+Time is counted in objects admitted (the cache's turnover: a read takes no room), so the age a
+of an object is the number admitted since its last use. An object of class c and age a is worth
+p / R(a), where p, the chance it is used again, is o(c) S(a) / (1 + o(c) S(a)). The estimates
+are refitted every PERIOD accesses (admissions and reads), the counts decayed by DECAY then.
+Victims are the heads of the classes (each class's oldest: within a class, worth is taken to
+fall with age), least worth first.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ MID = [2 ** ((b + 0.5) / PER_OCTAVE) for b in range(BUCKETS)]
 
 
 def bucket(age: int) -> int:
-    """The log bucket of an age in accesses."""
+    """The log bucket of an age (objects admitted since)."""
     return min(BUCKETS - 1, int(math.log2(age + 1) * PER_OCTAVE))
 
 
@@ -52,8 +54,8 @@ class HitDensityPolicy:
         self._since = 0
 
     # -- learning --------------------------------------------------------------------------------
-    def _tick(self) -> None:
-        self.clock += 1
+    def _tick(self, admitted: bool) -> None:
+        self.clock += admitted
         self._since += 1
         if self._since >= PERIOD:
             self._since = 0
@@ -92,14 +94,14 @@ class HitDensityPolicy:
         self._entries[c] += 1
 
     def worth(self, key: str) -> float:
-        """Expected hits per access of room `key` holds now."""
+        """Expected hits per admission of the room `key` holds now."""
         b = bucket(self.clock - self._last[key])
         o = self.odds[self._class[key]] * self.survival[b]
         return o / (1 + o) / self.residual[b]
 
     # -- the policy ------------------------------------------------------------------------------
     def admit(self, key: str) -> None:
-        self._tick()
+        self._tick(True)
         ghost = self._ghosts.pop(key, None)
         if ghost is not None:  # used again, after its eviction
             self._reuse(*ghost)
@@ -112,7 +114,7 @@ class HitDensityPolicy:
         if c is None:
             return
         if hit:
-            self._tick()
+            self._tick(False)
             self._reuse(c, self._last[key])
             self._place(key, min(CLASSES - 1, c + 1))
         else:

@@ -3,9 +3,8 @@ block's descendants go before it, and a chain is judged by its head.
 
 Parent links come from batches (`chain`: a batch lists one prefix in order, each block the
 parent of the next), for blocks not held yet too (a lookup names the misses before they are
-put; at most MAX_LINKS such links are kept). The order is an inner policy's, which this one
-steers; by default adaptive.py's with hit density (density.py) as a fourth expert beside LRU,
-LFU and ARC:
+put; at most MAX_LINKS such links are kept). The order is an inner policy's (hit density by
+default: density.py), which this one steers:
 - a chain's end (the last block of a batch, with no held child: a prompt's partial last block,
   which the next turn replaces) goes first, oldest first, until a child continues it;
 - using a chain renews it tail first and then every held ancestor above it, so a chain ages as
@@ -23,7 +22,6 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 from mooncake_cli.interfaces import EvictionPolicy
-from mooncake_cli.store.eviction.adaptive import EXPERTS, AdaptivePolicy
 from mooncake_cli.store.eviction.density import HitDensityPolicy
 
 MAX_LINKS = 1 << 16  # links of blocks not held, remembered for their put
@@ -34,7 +32,7 @@ class PrefixPolicy:
     name = "prefix"
 
     def __init__(self, inner: EvictionPolicy | None = None) -> None:
-        self.inner = AdaptivePolicy((*EXPERTS, HitDensityPolicy)) if inner is None else inner
+        self.inner = HitDensityPolicy() if inner is None else inner
         self._held: set[str] = set()
         self._parent: dict[str, str] = {}  # held key -> its parent's key (held or not)
         self._kids: dict[str, set[str]] = {}  # key -> its held children
