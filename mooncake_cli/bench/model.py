@@ -2,7 +2,10 @@
 threads, in one process, plus the machine's memory-bandwidth limit measured in the same run.
 
 Figures (each ours ÷ theirs): single-stream decode tokens/s; aggregate decode tokens/s of
-`concurrency` requests (ours: one continuous batch; theirs: one padded batched `generate`);
+`concurrency` requests (ours: one continuous batch; theirs: one padded batched `generate`), all
+asking for the same count, and asking for different counts (1/N ... N/N of it: a batched
+`generate` runs every row to the longest, ours lets each leave when done; tokens/s counts the
+tokens the requests asked for);
 TTFT of a long prompt (prefill + first token); and, in a child process, peak RSS while loading
 the checkpoint against the size of its dequantized weights.
 """
@@ -61,13 +64,15 @@ class Ours:
         self.runner = ModelRunner(self.model, KVCache(self.model.namespace(16), blocks),
                                   chunk_size=max(512, cfg.prompt_tokens))
 
-    def decode_s(self, prompts: list[list[int]], tokens: int) -> float:
-        """Seconds from every first token to every last (prefill excluded)."""
+    def decode_s(self, prompts: list[list[int]], tokens: int | list[int]) -> float:
+        """Seconds from every first token to every last (prefill excluded); `tokens` per
+        request, or one count for all."""
         from mooncake_cli.engine import SamplingParams
 
         r = self.runner
-        seqs = [r.new_sequence(p, SamplingParams(max_tokens=tokens, ignore_eos=True))
-                for p in prompts]
+        counts = tokens if isinstance(tokens, list) else [tokens] * len(prompts)
+        seqs = [r.new_sequence(p, SamplingParams(max_tokens=n, ignore_eos=True))
+                for p, n in zip(prompts, counts, strict=True)]
         for s in seqs:
             r.prefill(s)
         t = time.perf_counter()
@@ -116,9 +121,11 @@ class Theirs:
                             do_sample=False, pad_token_id=0)
         return time.perf_counter() - t
 
-    def decode_s(self, prompts: list[list[int]], tokens: int) -> float:
-        """generate(tokens) minus generate(1): the decode part, as for ours."""
-        return self._generate(prompts, tokens) - self._generate(prompts, 1)
+    def decode_s(self, prompts: list[list[int]], tokens: int | list[int]) -> float:
+        """generate(tokens) minus generate(1): the decode part, as for ours. A batched
+        generate runs every row to the longest request's count."""
+        most = max(tokens) if isinstance(tokens, list) else tokens
+        return self._generate(prompts, most) - self._generate(prompts, 1)
 
     def ttft_s(self, ids: list[int]) -> float:
         return self._generate([ids], 1)
@@ -143,6 +150,7 @@ def run(cfg: ModelBenchConfig, say: Progress) -> dict[str, Any]:
     theirs = Theirs(cfg, open_source(cfg.model))
     weight_bytes = _weight_bytes(ours.model)
     n = cfg.tokens - 1
+    mixed = [max(2, cfg.tokens * (i + 1) // cfg.concurrency) for i in range(cfg.concurrency)]
     engines: dict[str, Any] = {"ours": ours, "transformers": theirs}
     for e in engines.values():
         e.decode_s(prompts[:1], 4)  # warm up
@@ -154,6 +162,8 @@ def run(cfg: ModelBenchConfig, say: Progress) -> dict[str, Any]:
          lambda e: e.decode_s(prompts[:1], cfg.tokens)),
         ("batch", f"{cfg.concurrency} concurrent requests",
          lambda e: e.decode_s(prompts, cfg.tokens)),
+        ("mixed", f"{cfg.concurrency} concurrent requests of {min(mixed)}-{max(mixed)} tokens",
+         lambda e: e.decode_s(prompts, mixed)),
         ("ttft", f"TTFT of a {len(long_ids)}-token prompt", lambda e: e.ttft_s(long_ids))]
     for key, what, fn in figures:
         for i in range(cfg.repeats):
@@ -162,17 +172,20 @@ def run(cfg: ModelBenchConfig, say: Progress) -> dict[str, Any]:
                 dt = fn(e)
                 best[name][key] = min(best[name].get(key, float("inf")), dt)
     rows = {name: {"single_tok_s": n / b["single"],
-                   "batch_tok_s": cfg.concurrency * n / b["batch"], "ttft_s": b["ttft"]}
+                   "batch_tok_s": cfg.concurrency * n / b["batch"],
+                   "mixed_tok_s": sum(m - 1 for m in mixed) / b["mixed"], "ttft_s": b["ttft"]}
             for name, b in best.items()}
     o, t = rows["ours"], rows["transformers"]
     limit = bw * 1e9 / weight_bytes
     return {
         "model": cfg.model, "description": ours.model.description, "dtype": cfg.dtype,
         "threads": cfg.threads, "tokens": cfg.tokens, "concurrency": cfg.concurrency,
-        "prompt_tokens": len(long_ids), "weight_bytes": weight_bytes, "memcpy_gbps": bw,
+        "mixed_tokens": mixed, "prompt_tokens": len(long_ids), "weight_bytes": weight_bytes,
+        "memcpy_gbps": bw,
         "bandwidth_limit_tok_s": limit, "ours": o, "transformers": t,
         "ratios": {"single": o["single_tok_s"] / t["single_tok_s"],
                    "batch": o["batch_tok_s"] / t["batch_tok_s"],
+                   "mixed": o["mixed_tok_s"] / t["mixed_tok_s"],
                    "ttft": o["ttft_s"] / t["ttft_s"],
                    "single_of_limit": o["single_tok_s"] / limit},
         "load": rss,

@@ -29,6 +29,9 @@ def _human(rep: dict[str, Any]) -> Any:
                     f"ours {r['single_of_limit']:.2f} of it")
         tab.add_row(f"{rep['concurrency']} concurrent, aggregate tok/s",
                     f"{o['batch_tok_s']:.1f}", f"{t['batch_tok_s']:.1f}", f"{r['batch']:.2f}")
+        mixed = rep["mixed_tokens"]
+        tab.add_row(f"  ... asking {min(mixed)}-{max(mixed)} tokens each",
+                    f"{o['mixed_tok_s']:.1f}", f"{t['mixed_tok_s']:.1f}", f"{r['mixed']:.2f}")
         tab.add_row(f"TTFT, {rep['prompt_tokens']}-token prompt, s", f"{o['ttft_s']:.3f}",
                     f"{t['ttft_s']:.3f}", f"{r['ttft']:.2f}")
         tab.add_row("peak RSS while loading ÷ weights", f"{ld['peak_ratio']:.2f}", "",
