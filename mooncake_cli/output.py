@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 
@@ -47,3 +48,18 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     for r in rows:
         t.add_row(*(str(x) for x in r))
     return t
+
+
+class ProgressBars:
+    """One rich progress bar per label, created on first report: `bars(label, done, total)`."""
+
+    def __init__(self, console: Console) -> None:
+        self.bar = Progress(TextColumn("{task.description:<22}"), BarColumn(),
+                            MofNCompleteColumn(), console=console, transient=True)
+        self._tasks: dict[str, TaskID] = {}
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        task = self._tasks.get(label)
+        if task is None:
+            task = self._tasks[label] = self.bar.add_task(label, total=total)
+        self.bar.update(task, completed=done)

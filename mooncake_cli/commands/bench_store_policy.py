@@ -9,12 +9,11 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from mooncake_cli.bench.sim_plot import require_matplotlib
 from mooncake_cli.bench.trace_file import load_trace
-from mooncake_cli.output import Out
+from mooncake_cli.output import Out, ProgressBars
 from mooncake_cli.store.eviction.compare import compare, parse_policies, parse_shares
 
 
@@ -71,19 +70,6 @@ def _plot(rep: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-class _Bars:
-    def __init__(self, console: Console) -> None:
-        self.bar = Progress(TextColumn("{task.description:<22}"), BarColumn(),
-                            MofNCompleteColumn(), console=console, transient=True)
-        self._tasks: dict[str, TaskID] = {}
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        task = self._tasks.get(label)
-        if task is None:
-            task = self._tasks[label] = self.bar.add_task(label, total=total)
-        self.bar.update(task, completed=done)
-
-
 def store_policy(
     ctx: typer.Context,
     trace_file: str = typer.Option(..., "--trace", metavar="FILE", help="Mooncake-format "
@@ -108,7 +94,7 @@ def store_policy(
     if out.json:
         rep = compare(requests, names, shares)
     else:
-        bars = _Bars(out.err)
+        bars = ProgressBars(out.err)
         with bars.bar:
             rep = compare(requests, names, shares, bars)
     if plot:

@@ -7,7 +7,6 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from mooncake_cli.bench.sim_config import SimConfig
@@ -15,7 +14,7 @@ from mooncake_cli.bench.sim_plot import require_matplotlib, write_plots
 from mooncake_cli.bench.sim_run import simulate
 from mooncake_cli.config import load
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.output import Out
+from mooncake_cli.output import Out, ProgressBars
 
 
 def _f(x: Any, digits: int = 2) -> str:
@@ -53,19 +52,6 @@ def _human(rep: dict[str, Any], plots: list[str]) -> Any:
             con.print(f"wrote {p}")
         con.print(f"simulated in {rep['wall_s']:.1f} s")
     return draw
-
-
-class _Bars:
-    def __init__(self, console: Console) -> None:
-        self.bar = Progress(TextColumn("{task.description:<22}"), BarColumn(),
-                            MofNCompleteColumn(), console=console, transient=True)
-        self._tasks: dict[str, TaskID] = {}
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        task = self._tasks.get(label)
-        if task is None:
-            task = self._tasks[label] = self.bar.add_task(label, total=total)
-        self.bar.update(task, completed=done)
 
 
 def trace(
@@ -145,7 +131,7 @@ def trace(
     if out.json:
         report, samples = simulate(cfg, trace_file, profile, None, explain)
     else:
-        bars = _Bars(out.err)
+        bars = ProgressBars(out.err)
         with bars.bar:
             report, samples = simulate(cfg, trace_file, profile, bars, explain)
     plots = write_plots(f"{report['requests']} requests, {report['model']}", samples,
