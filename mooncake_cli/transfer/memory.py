@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mooncake_cli.interfaces import EngineSide, SegmentDescriptor, Slice, TransferError
+from mooncake_cli.transfer.peers import LocalChannel
 
 _SEGMENTS: dict[str, Any] = {}  # token -> Segment of a live engine in this process
 _LOCK = threading.Lock()
@@ -24,11 +25,12 @@ _LOCK = threading.Lock()
 Handler = Callable[[Slice], "str | None"]
 
 
-class MemoryChannel:
+class MemoryChannel(LocalChannel):
+    """A LocalChannel (per-slice read/write) that also takes whole batches through `post`."""
+
     def __init__(self, segment: Any, transport: MemoryTransport) -> None:
-        self._segment, self._transport = segment, transport
-        self.broken = False
-        self.spin = True
+        super().__init__(segment)
+        self._transport = transport
 
     def _copy(self, s: Slice) -> None:
         handler = self._transport.handler
@@ -54,20 +56,6 @@ class MemoryChannel:
                 done(k, str(e))
                 continue
             done(k, None)
-
-    def read(self, remote_offset: int, dst: memoryview) -> None:
-        region, start = self._segment.locate(remote_offset, len(dst))
-        dst[:] = region.load(start, len(dst))
-
-    def write(self, remote_offset: int, src: memoryview) -> None:
-        region, start = self._segment.locate(remote_offset, len(src))
-        view = region.sink(start, len(src))
-        view[:] = src
-        region.commit(start, view)
-
-    def close(self) -> None:
-        pass
-
 
 class MemoryEndpoint:
     def __init__(self, transport: MemoryTransport, engine: EngineSide) -> None:
