@@ -26,6 +26,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from mooncake_cli.auth import Signer
+
 CONNECT_TIMEOUT = 5.0
 POOL_TIMEOUT = 30.0
 KEEPALIVE_S = 4.0  # under the servers' idle timeout: the client closes first, no race
@@ -75,11 +77,16 @@ def _extensions(seconds: float) -> dict[str, Any]:
 
 
 def _request(url: str, body: dict[str, Any] | None, method: str | None,
-             seconds: float) -> dict[str, Any]:
+             seconds: float, auth: Signer | None = None) -> dict[str, Any]:
     split(url)
-    return {"method": method or ("POST" if body is not None else "GET"), "url": url,
-            "content": None if body is None else json.dumps(body).encode(),
-            "headers": JSON_HEADERS if body is not None else [],
+    verb = method or ("POST" if body is not None else "GET")
+    content = None if body is None else json.dumps(body).encode()
+    headers = JSON_HEADERS if body is not None else []
+    if auth is not None:
+        parts = urllib.parse.urlsplit(url)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        headers = [*headers, auth.header(verb, path, content or b"")]
+    return {"method": verb, "url": url, "content": content, "headers": headers,
             "extensions": _extensions(seconds)}
 
 
@@ -160,17 +167,18 @@ def _pool() -> httpcore.ConnectionPool:
 
 
 def call(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0,
-         method: str | None = None) -> Answer:
-    """One JSON request (POST when `body` is given); connection errors raise OSError."""
+         method: str | None = None, auth: Signer | None = None) -> Answer:
+    """One JSON request (POST when `body` is given; signed with `auth`, the cluster secret's
+    signer, when given); connection errors raise OSError."""
     try:
-        resp = _pool().request(**_request(url, body, method, timeout))
+        resp = _pool().request(**_request(url, body, method, timeout, auth))
     except FAILURES as e:
         raise OSError(f"{url}: {type(e).__name__}: {e}") from e
     return _answer(resp.status, resp.content, resp.headers)
 
 
 def events(url: str, body: dict[str, Any] | None = None,
-           timeout: float = 60.0) -> Iterator[dict[str, Any]]:
+           timeout: float = 60.0, auth: Signer | None = None) -> Iterator[dict[str, Any]]:
     """POST (or GET) `url` and yield each `data:` event of its event stream as a dict.
 
     A non-2xx answer raises `PeerError`; the stream ends at `[DONE]`. A stream that breaks off
@@ -178,7 +186,7 @@ def events(url: str, body: dict[str, Any] | None = None,
     """
     lines = _Lines(url)
     try:
-        with _pool().stream(**_request(url, body, None, timeout)) as resp:
+        with _pool().stream(**_request(url, body, None, timeout, auth)) as resp:
             if resp.status >= 300:
                 raise _peer_error(resp.status, resp.read())
             for chunk in resp.iter_stream():  # read to the end: the connection stays pooled
@@ -202,10 +210,12 @@ class AsyncPeer:
 
     Each peer host's pool is split into shards of `SHARD` connections, and a request goes to
     the least busy one (a new shard when all are full): a pool scans all its connections on
-    every request, which at thousands of connections would cost more than the request."""
+    every request, which at thousands of connections would cost more than the request.
+    Requests are signed with `auth` (the cluster secret's signer) when given."""
 
-    def __init__(self) -> None:
+    def __init__(self, auth: Signer | None = None) -> None:
         self._shards: dict[str, list[_Shard]] = {}
+        self.auth = auth
 
     @contextlib.asynccontextmanager
     async def _pool(self, url: str) -> AsyncIterator[httpcore.AsyncConnectionPool]:
@@ -223,7 +233,7 @@ class AsyncPeer:
 
     async def call(self, url: str, body: dict[str, Any] | None = None,
                    timeout_s: float = 30.0, method: str | None = None) -> Answer:
-        req = _request(url, body, method, timeout_s)
+        req = _request(url, body, method, timeout_s, self.auth)
         try:
             async with self._pool(url) as pool:
                 resp = await pool.request(**req)
@@ -234,7 +244,7 @@ class AsyncPeer:
     async def events(self, url: str, body: dict[str, Any] | None = None,
                      timeout_s: float = 60.0) -> AsyncIterator[dict[str, Any]]:
         """`events`, asynchronously."""
-        req, lines = _request(url, body, None, timeout_s), _Lines(url)
+        req, lines = _request(url, body, None, timeout_s, self.auth), _Lines(url)
         try:
             async with self._pool(url) as pool, pool.stream(**req) as resp:
                 if resp.status >= 300:

@@ -23,6 +23,7 @@ from mooncake_cli.api import openai as oa
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError, peer_code
 from mooncake_cli.api.schema import validate
+from mooncake_cli.auth import Signer
 from mooncake_cli.conductor import answers
 from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.chat import ChatTemplate
@@ -69,8 +70,9 @@ class Conductor:
 
     def __init__(self, model: ServedModel, scheduler: Scheduler, instances: Instances,
                  metrics: ConductorMetrics, retries: int = 2, timeout: float = 300.0,
-                 explain_path: str = "") -> None:
+                 explain_path: str = "", auth: Signer | None = None) -> None:
         self.model = model
+        self.auth = auth  # signs every request to the workers with the cluster secret
         self.scheduler = scheduler
         self.instances = instances
         self.metrics = metrics
@@ -85,7 +87,7 @@ class Conductor:
         loop = asyncio.get_running_loop()
         peer = self._peers.get(loop)
         if peer is None:
-            peer = self._peers[loop] = AsyncPeer()
+            peer = self._peers[loop] = AsyncPeer(self.auth)
         return peer
 
     # -- request path ---------------------------------------------------------------------
