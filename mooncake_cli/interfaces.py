@@ -140,6 +140,7 @@ class EngineSide:
     port: int  # 0: any free port
     secret: str | None
     timeout: float
+    grants: Any = None  # the engine's write capabilities (transfer.capability.Grants)
 
 
 @runtime_checkable

@@ -112,11 +112,11 @@ class ShmChannel:
             return self._fallback().read(remote_offset, dst)
         dst[:] = mv[start:start + len(dst)]
 
-    def write(self, remote_offset: int, src: memoryview) -> None:
+    def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
         self._alive()
         mv, start = self._locate(remote_offset, len(src))
-        if mv is None:
-            return self._fallback().write(remote_offset, src)
+        if mv is None or cap is not None:  # a capability is checked by the peer's listener
+            return self._fallback().write(remote_offset, src, cap)
         mv[start:start + len(src)] = src
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from mooncake_cli.transfer.client import TargetClient
 class TcpEndpoint:
     def __init__(self, engine: EngineSide) -> None:
         self.server = TargetServer(engine.segment, engine.describe, engine.host, engine.port,
-                                   engine.secret)
+                                   engine.secret, grants=engine.grants)
         self.port: int = self.server.port
 
     def register(self, region: Any) -> Mapping[str, str]:

@@ -1,8 +1,14 @@
 """The target side: one listener per engine answering DESCRIBE, READ, WRITE and PING.
 
-Every READ and WRITE is checked against the segment's registered regions; a refused WRITE's
-payload is drained so the connection stays framed, and the region is left untouched. Malformed
-frames get an error reply and the connection is closed. Binds to 127.0.0.1 unless told.
+Connections come in through a `Gate` (the secret handshake, bounded, without a thread per
+newcomer) and are kept in a bounded `Served` table: at most `max_connections` in all and
+`max_per_peer` from one address, the longest idle closed to make room, any connection idle for
+`idle_timeout` seconds closed. Every READ and WRITE is checked against the segment's regions
+and a WRITE against the engine's write capabilities (`Grants`) before a byte of its payload is
+taken; a refused WRITE's payload is drained so the connection stays framed. A WRITE of up to
+STAGE_BYTES is received whole before any of it lands; a longer one lands as it arrives and,
+when cut short, is reported as a torn write (its capability marked `torn`, never an OK).
+Malformed frames get an error reply and the connection is closed. Binds to 127.0.0.1 unless told.
 """
 
 from __future__ import annotations
@@ -14,87 +20,79 @@ from collections.abc import Callable
 
 from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer import wire
-from mooncake_cli.transfer.segment import Segment
+from mooncake_cli.transfer.capability import Grants
+from mooncake_cli.transfer.gate import Entry, Gate, Served
+from mooncake_cli.transfer.segment import Region, Segment
 
 log = logging.getLogger("mooncake.transfer.server")
 
-
 MAX_CONNECTIONS = 1024
-HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to prove the secret
+MAX_PER_PEER = 512
+MAX_PENDING = 256  # connections still owing the secret
+HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to prove the secret
+IDLE_TIMEOUT = 120.0  # seconds a served connection may sit without a request
+IO_TIMEOUT = 10.0  # seconds a request's payload (or our answer) may stall
+STAGE_BYTES = 1 << 20  # writes up to this size are received whole before they land
 
 
 class TargetServer:
     def __init__(self, segment: Segment, describe: Callable[[], bytes], host: str = "127.0.0.1",
                  port: int = 0, secret: str | None = None,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
-        self._max = max_connections
+                 max_connections: int = MAX_CONNECTIONS, grants: Grants | None = None,
+                 max_per_peer: int = MAX_PER_PEER, idle_timeout: float | None = None,
+                 handshake_timeout: float | None = None) -> None:
         self.segment = segment
+        self.grants = grants or Grants()
         self._describe = describe
-        self._secret = secret or None
-        self._sock = socket.create_server((host, port), backlog=128, reuse_port=False)
-        self.host, self.port = self._sock.getsockname()[:2]
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
+        self._idle_timeout = IDLE_TIMEOUT if idle_timeout is None else idle_timeout
+        self.served = Served(max_connections, min(max_per_peer, max_connections))
+        sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
+        self.host, self.port = sock.getsockname()[:2]
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, name="mooncake-accept",
-                                        daemon=True)
-        self._thread.start()
+        self.gate = Gate(sock, b"MCK", secret, self._admit, MAX_PENDING, MAX_PENDING // 2,
+                         HANDSHAKE_TIMEOUT if handshake_timeout is None else handshake_timeout,
+                         name="mooncake-accept")
 
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with self._lock:
-                full = len(self._conns) >= self._max
-                if not full:
-                    self._conns.add(conn)
-            if full:
-                log.warning("refused a connection: %d already open", self._max)
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn,), name="mooncake-conn",
-                             daemon=True).start()
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        entry = self.served.add(conn, peer)
+        if entry is None or self._closed.is_set():
+            log.warning("refused a connection from %s: %d connections open, all busy",
+                        peer, len(self.served))
+            conn.close()
+            return
+        threading.Thread(target=self._serve, args=(entry,), name="mooncake-conn",
+                         daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, entry: Entry) -> None:
+        conn = entry.conn
         try:
             wire.tune(conn)
-            conn.settimeout(HANDSHAKE_TIMEOUT)  # a silent newcomer must not hold a thread
-            if self._handshake(conn):
-                conn.settimeout(None)
-                self._loop(conn)
+            wire.blocking_with_timeout(conn, IO_TIMEOUT)
+            self._loop(entry)
         except (OSError, ConnectionError):
-            pass  # peer went away; nothing of ours is half-written
+            pass  # peer went away (or stalled): what it left half-sent was not applied
         except Exception:  # never let one connection take the server down
             log.exception("connection handler failed")
         finally:
-            with self._lock:
-                self._conns.discard(conn)
+            self.served.remove(entry)
             conn.close()
 
-    def _handshake(self, conn: socket.socket) -> bool:
-        nonce = wire.make_nonce()
-        conn.sendall(wire.HELLO.pack(b"MCK", wire.VERSION, int(self._secret is not None), nonce))
-        if self._secret is None:
-            return True
-        proof = wire.recv_exact(conn, 32)
-        ok = wire.verify(self._secret, nonce, proof)
-        conn.sendall(b"\x00" if ok else b"\x01")
-        if not ok:
-            log.warning("refused a connection: wrong secret")
-        return ok
-
-    def _loop(self, conn: socket.socket) -> None:
+    def _loop(self, entry: Entry) -> None:
+        conn, seg, grants = entry.conn, self.segment, self.grants
         hdr = bytearray(wire.REQUEST.size)
         hview = memoryview(hdr)
-        scratch = memoryview(bytearray(1 << 20))
-        seg = self.segment
+        cap = bytearray(wire.CAP_BYTES)
+        stage: memoryview | None = None  # made on the first small write: idle costs nothing
         while True:
             try:
-                wire.recv_spin(conn, hview)
+                if not wire.recv_request(conn, hview):
+                    if self.served.idle_for(entry) > self._idle_timeout:
+                        return
+                    continue
             except wire.PeerClosed:
                 return
+            if not self.served.claim(entry):
+                return  # closed to make room while the header came: nothing was applied
             op, _flags, _r, rid, off, length = wire.REQUEST.unpack(hdr)
             if op not in wire.OPS or length > wire.MAX_REQUEST:
                 self._error(conn, rid, wire.E_BADOP,
@@ -105,46 +103,64 @@ class TargetServer:
                     region, start = seg.locate(off, length)
                 except TransferError as e:
                     self._error(conn, rid, wire.E_BOUNDS, str(e))
-                    continue
-                wire.send_parts(conn, wire.RESPONSE.pack(wire.OK, 0, 0, rid, length),
-                                region.load(start, length))
-            elif op == wire.OP_WRITE:
+                else:
+                    wire.send_parts(conn, wire.RESPONSE.pack(wire.OK, 0, 0, rid, length),
+                                    region.load(start, length))
+            elif op in (wire.OP_WRITE, wire.OP_WRITE_CAP):
+                token: bytes | None = None
+                if op == wire.OP_WRITE_CAP:
+                    wire.recv_into_exact(conn, memoryview(cap))
+                    token = bytes(cap)
                 try:
                     region, start = seg.locate(off, length)
-                except TransferError as e:
-                    wire.drain(conn, length, scratch)
-                    self._error(conn, rid, wire.E_BOUNDS, str(e))
-                    continue
-                view = region.sink(start, length)
-                wire.recv_into_exact(conn, view)
-                region.commit(start, view)
-                conn.sendall(wire.RESPONSE.pack(wire.OK, 0, 0, rid, 0))
+                    why = grants.allows(token, off, length)
+                    if why:
+                        raise PermissionError(why)
+                except (TransferError, PermissionError) as e:
+                    wire.drain(conn, length, memoryview(bytearray(min(length, 1 << 16))))
+                    code = wire.E_AUTH if isinstance(e, PermissionError) else wire.E_BOUNDS
+                    log.warning("refused a write from %s: %s", entry.peer, e)
+                    self._error(conn, rid, code, str(e))
+                else:
+                    if stage is None and length <= STAGE_BYTES and region.view is not None:
+                        stage = memoryview(bytearray(STAGE_BYTES))
+                    self._write(conn, region, start, length, stage, token, entry.peer)
+                    conn.sendall(wire.RESPONSE.pack(wire.OK, 0, 0, rid, 0))
             elif op == wire.OP_DESCRIBE:
                 body = self._describe()
                 wire.send_parts(conn, wire.RESPONSE.pack(wire.OK, 0, 0, rid, len(body)), body)
             else:
                 conn.sendall(wire.RESPONSE.pack(wire.OK, 0, 0, rid, 0))
+            self.served.release(entry)
+
+    def _write(self, conn: socket.socket, region: Region, start: int, length: int,
+               stage: memoryview | None, token: bytes | None, peer: str) -> None:
+        """Receive a WRITE's payload into `region`: whole first (through `stage`) when it is
+        small, else in place; a payload cut short raises and marks its capability torn."""
+        sink = region.sink(start, length)  # device memory: a fresh host buffer, whole anyway
+        direct = region.view is not None and (stage is None or length > len(stage))
+        try:
+            if region.view is not None and not direct:
+                assert stage is not None
+                wire.recv_into_exact(conn, stage[:length])
+                sink[:] = stage[:length]
+            else:
+                wire.recv_into_exact(conn, sink)
+        except (OSError, ConnectionError):
+            if direct:
+                log.warning("torn write from %s: %d bytes at %d of a region cut short", peer,
+                            length, start)
+                self.grants.wrote(token, complete=False)
+            raise
+        region.commit(start, sink)
+        self.grants.wrote(token)
 
     @staticmethod
     def _error(conn: socket.socket, rid: int, status: int, message: str) -> None:
-        body = message.encode()
+        body = message.encode()[:wire.MAX_ERROR]
         wire.send_parts(conn, wire.RESPONSE.pack(status, 0, 0, rid, len(body)), body)
 
     def close(self) -> None:
         self._closed.set()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._thread.join(timeout=2)
+        self.gate.close()
+        self.served.shutdown_all()

@@ -23,7 +23,8 @@ class State(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TransferRequest:
-    """Move `length` bytes between `local` at `local_offset` and `target` at `target_offset`."""
+    """Move `length` bytes between `local` at `local_offset` and `target` at `target_offset`;
+    a WRITE into guarded memory carries the `capability` its owner issued."""
 
     op: Op
     local: Region
@@ -31,6 +32,7 @@ class TransferRequest:
     target: str
     target_offset: int
     length: int
+    capability: bytes | None = None
 
 
 class Status(NamedTuple):  # a tuple: cheap to make on every poll

@@ -56,6 +56,8 @@ class TargetClient:
         wire.recv_spin(self._sock, memoryview(self._hdr), wire.SPIN if self.spin else 0.0)
         status, _z, _r, _rid, length = wire.RESPONSE.unpack(self._hdr)
         if status != wire.OK:
+            if length > wire.MAX_ERROR:
+                raise ConnectionError(f"a {length}-byte error message")
             msg = wire.recv_exact(self._sock, length).decode(errors="replace")
             raise TransferError(f"{self.peer}: {_ERRORS.get(status, status)}: {msg}")
         return length
@@ -84,13 +86,21 @@ class TargetClient:
             raise ConnectionError(f"short read: {n} of {len(dst)} bytes")
         wire.recv_into_exact(self._sock, dst)
 
-    def write(self, remote_offset: int, src: memoryview) -> None:
-        self._io(self._write, remote_offset, src)
+    def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
+        """WRITE `src` at `remote_offset`; `cap`, a write capability the target issued, is
+        needed where the target guards its memory."""
+        self._io(self._write, remote_offset, src, cap)
 
-    def _write(self, off: int, src: memoryview) -> None:
+    def _write(self, off: int, src: memoryview, cap: bytes | None) -> None:
         self._rid = (self._rid + 1) & 0xFFFFFFFF
-        wire.send_parts(self._sock,
-                        wire.REQUEST.pack(wire.OP_WRITE, 0, 0, self._rid, off, len(src)), src)
+        if cap is None:
+            wire.send_parts(self._sock, wire.REQUEST.pack(wire.OP_WRITE, 0, 0, self._rid, off,
+                                                          len(src)), src)
+        else:
+            if len(cap) != wire.CAP_BYTES:
+                raise TransferError(f"a write capability is {wire.CAP_BYTES} bytes")
+            wire.send_parts(self._sock, wire.REQUEST.pack(wire.OP_WRITE_CAP, 0, 0, self._rid,
+                                                          off, len(src)), cap, src)
         self._response()
 
     def describe(self) -> bytes:
@@ -99,7 +109,10 @@ class TargetClient:
     def _describe(self) -> bytes:
         self._rid = (self._rid + 1) & 0xFFFFFFFF
         self._sock.sendall(wire.REQUEST.pack(wire.OP_DESCRIBE, 0, 0, self._rid, 0, 0))
-        return wire.recv_exact(self._sock, self._response())
+        n = self._response()
+        if n > wire.MAX_DESCRIPTOR:
+            raise ConnectionError(f"a {n}-byte descriptor")
+        return wire.recv_exact(self._sock, n)
 
     def close(self) -> None:
         try:

@@ -22,9 +22,9 @@ def cut(length: int, parallel: int, max_slice: int) -> list[tuple[int, int]]:
 
 
 def run_slice(batch: Batch, index: int, peer: Peer, op: Op, local: Region, start: int,
-              n: int, remote: int, spin: bool = True) -> None:
+              n: int, remote: int, cap: bytes | None = None, spin: bool = True) -> None:
     """Move one slice over a pooled channel; retried once on a fresh channel when the first
-    one broke (a refusal by the peer is final)."""
+    one broke (a refusal by the peer is final). `cap` goes with a WRITE into guarded memory."""
     error = None
     for _attempt in (0, 1):
         try:
@@ -39,8 +39,10 @@ def run_slice(batch: Batch, index: int, peer: Peer, op: Op, local: Region, start
                 view = local.sink(start, n)
                 ch.read(remote, view)
                 local.commit(start, view)
-            else:
+            elif cap is None:
                 ch.write(remote, local.load(start, n))
+            else:
+                ch.write(remote, local.load(start, n), cap)  # type: ignore[call-arg]
             error = None
         except TransferError as e:
             error = str(e)

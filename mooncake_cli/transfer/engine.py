@@ -25,6 +25,7 @@ from mooncake_cli.interfaces import (
 )
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
+from mooncake_cli.transfer.capability import Grants
 from mooncake_cli.transfer.directory import PeerDirectory, pick_transports
 from mooncake_cli.transfer.dispatch import MIN_SLICE, cut, post_all, run_slice
 from mooncake_cli.transfer.endpoints import Endpoints
@@ -46,9 +47,10 @@ class TransferEngine:
         transports = pick_transports(registry, config.transport)
         self._secret = config.secret or None
         self.segment = Segment("")
+        self.grants = Grants()  # write capabilities for guarded regions (see `guard`)
         self.endpoints = Endpoints(registry, EngineSide(
             self.segment, self._describe_bytes, config.host, config.port, self._secret,
-            config.timeout))
+            config.timeout, self.grants))
         self._port = self.endpoints.port
         advertise = config.advertise or (config.host if config.host not in ("0.0.0.0", "::", "")
                                          else hostname())
@@ -107,7 +109,13 @@ class TransferEngine:
             raise TransferError(f"cannot register memory with a transport: {e}") from e
         self._republish()
 
+    def guard(self, region: Region) -> None:
+        """Peers' WRITEs into `region` need a capability from `grants.issue` (checked by the
+        listener for every write; one-sided transports such as nixl do not check it)."""
+        self.grants.guard(region.base, region.length)
+
     def unregister(self, region: Region) -> None:
+        self.grants.unguard(region.base)
         self.segment.unregister(region)
         self.endpoints.unregister(region)
         buf = self._buffers.pop(region.base, None)
@@ -183,14 +191,14 @@ class TransferEngine:
             if r.length <= MIN_SLICE or peer.max_slices == 1:
                 batch.expect(i, 1)
                 work.append((batch, i, peer, r.op, r.local, r.local_offset, r.length,
-                             r.target_offset))
+                             r.target_offset, r.capability))
                 continue
             parts = cut(r.length, min(self.config.connections, peer.max_slices),
                         self.config.slice_size)
             batch.expect(i, len(parts))
             for off, n in parts:
                 work.append((batch, i, peer, r.op, r.local, r.local_offset + off, n,
-                             r.target_offset + off))
+                             r.target_offset + off, r.capability))
         for peer, slices in whole.values():
             post_all(batch, peer, slices, self.config.timeout)
         if len(work) <= 1 or total <= inline:

@@ -26,7 +26,7 @@ class LocalChannel:
         region, start = self._segment.locate(remote_offset, len(dst))
         dst[:] = region.load(start, len(dst))
 
-    def write(self, remote_offset: int, src: memoryview) -> None:
+    def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
         region, start = self._segment.locate(remote_offset, len(src))
         view = region.sink(start, len(src))
         view[:] = src

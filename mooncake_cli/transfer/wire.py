@@ -2,8 +2,9 @@
 
 On connect the target sends HELLO = b"MCK" | version u8 | auth u8 | nonce[32]. When auth is
 1 the initiator answers HMAC-SHA256(secret, nonce) and the target replies one byte (0 = ok).
-Then requests flow: REQUEST header, plus `length` payload bytes for WRITE; each gets a
-RESPONSE header plus `length` payload bytes (READ data, a descriptor, or a UTF-8 error).
+Then requests flow: REQUEST header, plus `length` payload bytes for WRITE (WRITE_CAP: a
+16-byte write capability, then the payload); each gets a RESPONSE header plus `length` payload
+bytes (READ data, a descriptor, or a UTF-8 error of at most MAX_ERROR bytes).
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ HELLO = struct.Struct("<3sBB32s")
 REQUEST = struct.Struct("<BBHIQQ")  # op, flags, reserved, request id, offset, length
 RESPONSE = struct.Struct("<BBHIQ")  # status, 0, reserved, request id, payload length
 
-OP_DESCRIBE, OP_READ, OP_WRITE, OP_PING = 1, 2, 3, 4
-OPS = {OP_DESCRIBE, OP_READ, OP_WRITE, OP_PING}
+OP_DESCRIBE, OP_READ, OP_WRITE, OP_PING, OP_WRITE_CAP = 1, 2, 3, 4, 5
+OPS = {OP_DESCRIBE, OP_READ, OP_WRITE, OP_PING, OP_WRITE_CAP}
+CAP_BYTES = 16
 
 OK, E_BOUNDS, E_BADOP, E_AUTH, E_TOOBIG, E_INTERNAL = 0, 1, 2, 3, 4, 5
 MAX_REQUEST = 1 << 40  # a longer request is malformed: the connection is closed
+MAX_ERROR = 64 << 10  # an error message; a longer one is a broken peer
+MAX_DESCRIPTOR = 64 << 20  # a DESCRIBE answer
 
 
 class PeerClosed(ConnectionError):
@@ -64,6 +68,28 @@ def recv_spin(sock: socket.socket, view: memoryview, spin: float = SPIN) -> None
             view = view[k:]
             break
     recv_into_exact(sock, view)
+
+
+def recv_request(sock: socket.socket, view: memoryview, spin: float = SPIN) -> bool:
+    """`recv_spin` for a request header, but False (nothing read) when the socket's receive
+    timeout passes before its first byte: the connection is idle, not broken."""
+    clock, end = time.perf_counter, time.perf_counter() + spin
+    while True:
+        try:
+            k = sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+            break
+        except BlockingIOError:
+            if clock() > end:
+                try:
+                    k = sock.recv_into(view, len(view))
+                except BlockingIOError:  # SO_RCVTIMEO passed with nothing read
+                    return False
+                break
+    if k == 0:
+        raise PeerClosed("peer closed the connection")
+    if k < len(view):
+        recv_into_exact(sock, view[k:])
+    return True
 
 
 def blocking_with_timeout(sock: socket.socket, timeout: float) -> None:

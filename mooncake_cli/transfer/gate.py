@@ -1,0 +1,299 @@
+"""The door of every data listener: a bounded accept and secret handshake, then a bounded table
+of served connections.
+
+`Gate` accepts on a listening socket and runs the HMAC challenge of `wire` (HELLO with a
+nonce; the peer answers HMAC-SHA256(secret, nonce); one status byte back) for every newcomer
+in one selector thread: a connection that has not proved the secret holds no thread and no
+buffer beyond its 32-byte proof. At most `max_pending` connections (and `per_peer_pending` of
+one peer) wait for their proof, each for at most `handshake_timeout` seconds; when either limit
+is reached the oldest waiter is closed to make room, so a flood of silent sockets delays a real
+client by at most one handshake and never locks it out. Proven connections go to `admit`.
+
+`Served` bounds what `admit` keeps: at most `max_total` connections (and `max_per_peer` of
+one peer); when full, the connection idle the longest is closed to make room (its serving
+thread sees EOF between requests, so nothing half-done is cut), and a newcomer is refused only
+when every connection is in the middle of a request.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mooncake_cli.transfer import wire
+
+log = logging.getLogger("mooncake.transfer.gate")
+
+Admit = Callable[[socket.socket, str], None]
+
+
+def peer_of(conn: socket.socket) -> str:
+    """Who a connection is from: the IP of a TCP peer, the uid of a Unix one."""
+    if conn.family == socket.AF_UNIX:
+        try:
+            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            return f"uid:{int.from_bytes(cred[4:8], 'little')}"
+        except OSError:
+            return "unix"
+    try:
+        return str(conn.getpeername()[0])
+    except OSError:
+        return "?"
+
+
+@dataclass
+class _Waiter:
+    conn: socket.socket
+    peer: str
+    nonce: bytes
+    deadline: float
+    proof: bytearray = field(default_factory=bytearray)
+
+
+class Gate:
+    def __init__(self, sock: socket.socket, magic: bytes, secret: str | None, admit: Admit,
+                 max_pending: int = 256, per_peer_pending: int = 64,
+                 handshake_timeout: float = 5.0, name: str = "mooncake-gate") -> None:
+        self._sock, self._magic, self._secret, self._admit = sock, magic, secret or None, admit
+        self._max, self._per_peer, self._timeout = max_pending, per_peer_pending, handshake_timeout
+        self._waiting: collections.OrderedDict[int, _Waiter] = collections.OrderedDict()
+        self._per: collections.Counter[str] = collections.Counter()
+        self.refused = 0  # waiters closed for lack of room, time or a right proof
+        self._sel = selectors.DefaultSelector()
+        sock.setblocking(False)
+        self._sel.register(sock, selectors.EVENT_READ)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        return len(self._waiting)
+
+    def _run(self) -> None:
+        while not self._closed:
+            try:
+                events = self._sel.select(0.25)
+            except (OSError, ValueError):
+                return
+            for key, _ in events:
+                if key.fileobj is self._sock:
+                    self._accept()
+                else:
+                    self._readable(key.fd)
+            self._expire()
+
+    def _accept(self) -> None:
+        for _ in range(64):  # a burst at a time, then look at the waiters again
+            try:
+                conn, _addr = self._sock.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if self._closed:
+                    return
+                log.warning("accept failed (%s): dropping the oldest handshake", e)
+                if not self._drop_oldest(None):
+                    time.sleep(0.05)  # out of descriptors and nothing of ours to give back
+                return
+            self._greet(conn)
+
+    def _greet(self, conn: socket.socket) -> None:
+        peer = peer_of(conn)
+        nonce = wire.make_nonce()
+        try:
+            conn.setblocking(False)
+            hello = wire.HELLO.pack(self._magic, wire.VERSION, int(self._secret is not None), nonce)
+            if conn.send(hello) != len(hello):
+                raise OSError("short HELLO")
+        except OSError:
+            conn.close()
+            return
+        if self._secret is None:
+            self._hand_over(conn, peer)
+            return
+        if self._per[peer] >= self._per_peer:
+            self._drop_oldest(peer)
+        if len(self._waiting) >= self._max:
+            self._drop_oldest(None)
+        self._waiting[conn.fileno()] = _Waiter(conn, peer, nonce,
+                                               time.monotonic() + self._timeout)
+        self._per[peer] += 1
+        self._sel.register(conn, selectors.EVENT_READ)
+
+    def _forget(self, fd: int) -> _Waiter | None:
+        w = self._waiting.pop(fd, None)
+        if w is not None:
+            self._per[w.peer] -= 1
+            if self._per[w.peer] <= 0:
+                del self._per[w.peer]
+            try:
+                self._sel.unregister(w.conn)
+            except (KeyError, ValueError):
+                pass
+        return w
+
+    def _drop_oldest(self, peer: str | None) -> bool:
+        for fd, w in self._waiting.items():
+            if peer is None or w.peer == peer:
+                self._forget(fd)
+                w.conn.close()
+                self.refused += 1
+                return True
+        return False
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._waiting:
+            fd, w = next(iter(self._waiting.items()))
+            if w.deadline > now:
+                return
+            self._forget(fd)
+            w.conn.close()
+            self.refused += 1
+
+    def _readable(self, fd: int) -> None:
+        w = self._waiting.get(fd)
+        if w is None:
+            return
+        try:
+            chunk = w.conn.recv(32 - len(w.proof))
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._forget(fd)
+            w.conn.close()
+            return
+        w.proof += chunk
+        if len(w.proof) < 32:
+            return
+        self._forget(fd)
+        assert self._secret is not None
+        ok = wire.verify(self._secret, w.nonce, bytes(w.proof))
+        try:
+            w.conn.send(b"\x00" if ok else b"\x01")
+        except OSError:
+            ok = False
+        if not ok:
+            log.warning("refused a connection from %s: wrong secret", w.peer)
+            self.refused += 1
+            w.conn.close()
+            return
+        self._hand_over(w.conn, w.peer)
+
+    def _hand_over(self, conn: socket.socket, peer: str) -> None:
+        try:
+            conn.setblocking(True)
+            self._admit(conn, peer)
+        except Exception:  # the gate must outlive any admit failure
+            log.exception("admitting a connection failed")
+            conn.close()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        for w in list(self._waiting.values()):
+            w.conn.close()
+        self._waiting.clear()
+        self._sel.close()
+        self._sock.close()
+
+
+class Entry:
+    """One served connection; its thread marks it `busy` while a request is in hand."""
+
+    __slots__ = ("conn", "peer", "busy", "since", "evicted")
+
+    def __init__(self, conn: socket.socket, peer: str) -> None:
+        self.conn, self.peer = conn, peer
+        self.busy, self.since, self.evicted = False, time.monotonic(), False
+
+    def idle(self) -> None:
+        self.busy, self.since = False, time.monotonic()
+
+
+class Served:
+    def __init__(self, max_total: int = 1024, max_per_peer: int = 512) -> None:
+        self._max, self._per_peer = max_total, max_per_peer
+        self._lock = threading.Lock()
+        self._entries: dict[int, Entry] = {}
+        self._per: collections.Counter[str] = collections.Counter()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, conn: socket.socket, peer: str) -> Entry | None:
+        """An entry for `conn`, making room by closing the longest-idle connection (of `peer`
+        when it is at its own limit); None when every candidate is busy."""
+        with self._lock:
+            if self._per[peer] >= self._per_peer and not self._evict(peer):
+                return None
+            if len(self._entries) >= self._max and not self._evict(None):
+                return None
+            e = self._entries[id(conn)] = Entry(conn, peer)
+            self._per[peer] += 1
+            return e
+
+    def _evict(self, peer: str | None) -> bool:
+        idle = [e for e in self._entries.values()
+                if not e.busy and not e.evicted and (peer is None or e.peer == peer)]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda e: e.since)
+        victim.evicted = True
+        self.evicted += 1
+        try:
+            victim.conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._drop(victim)
+        return True
+
+    def _drop(self, e: Entry) -> None:
+        if self._entries.pop(id(e.conn), None) is not None:
+            self._per[e.peer] -= 1
+            if self._per[e.peer] <= 0:
+                del self._per[e.peer]
+
+    def claim(self, e: Entry) -> bool:
+        """Mark `e` busy with a request; False when it was closed to make room meanwhile."""
+        with self._lock:
+            if e.evicted:
+                return False
+            e.busy = True
+            return True
+
+    @staticmethod
+    def release(e: Entry) -> None:
+        e.idle()
+
+    @staticmethod
+    def idle_for(e: Entry) -> float:
+        return time.monotonic() - e.since
+
+    def remove(self, e: Entry) -> None:
+        with self._lock:
+            self._drop(e)
+
+    def shutdown_all(self) -> None:
+        with self._lock:
+            entries = list(self._entries.values())
+        for e in entries:
+            try:
+                e.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
