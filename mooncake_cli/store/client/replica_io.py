@@ -3,10 +3,11 @@
 A replica on the client's own segment is copied with a plain memcpy; any other one goes through
 the transfer engine (which picks shared memory for a same-host peer, TCP otherwise), staged
 through one region registered once per client and reused (staging.py; an object too big for it
-registers the caller's buffer for its one transfer). A batch moves every remote
-replica in one engine batch. Reads try the nearest replica first (own segment, then same host)
-and move on when a transfer fails or the bytes fail their xxh3_64 checksum: wrong bytes are
-never handed back.
+registers the caller's buffer for its one transfer); a read into memory the caller registered
+with the engine goes straight there (landing.py). A batch moves every remote replica in one
+engine batch. Reads try the nearest replica first (own segment, then same host) and move on
+when a transfer fails or the bytes fail their xxh3_64 checksum: wrong bytes are never handed
+back.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import xxhash
 
 from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.store.client.landing import Landing
 from mooncake_cli.store.client.staging import Staging
 from mooncake_cli.store.errors import (
     BufferOverflow,
@@ -69,6 +71,7 @@ class ReplicaIO:
         self.host = host
         self.timeout = timeout
         self._stage = Staging(engine)
+        self._landing = Landing(engine)
 
     def local_view(self, r: Replica) -> memoryview | None:
         """The bytes of `r` when it lives in this client's own region."""
@@ -200,8 +203,9 @@ class ReplicaIO:
         raise AssertionError("unreachable")
 
     def read(self, key: str, replicas: Sequence[Replica], dest: memoryview, obj: Any) -> int:
-        """Read a good replica of `key` into `dest`, the byte view of `obj` (staged, or
-        registered with the engine when too big to stage); the bytes read."""
+        """Read a good replica of `key` into `dest`, the byte view of `obj`: straight into it
+        when it lies in memory registered with the engine, else staged (or `obj` registered for
+        the read when too big to stage); the bytes read."""
         if not replicas:
             raise ObjectNotFound(f"object {key!r} has no replica")
         n = replicas[0].size
@@ -215,6 +219,9 @@ class ReplicaIO:
                 try:
                     if local is not None:
                         dest[:n] = local
+                    elif (into := self._landing.find(dest[:n])) is not None:
+                        self.engine.transfer(Op.READ, into[0], into[1], r.segment, r.offset, n,
+                                             self.timeout * 2)
                     elif not self._fetch(r, n, lambda v: _copy(dest, v)):
                         region = region or self.engine.register(obj)
                         self.engine.transfer(Op.READ, region, 0, r.segment, r.offset, n,
