@@ -98,9 +98,8 @@ def test_replicas_land_on_distinct_segments(client: Callable[..., StoreClient]) 
     a.put("two", b"v" * 1000, ReplicateConfig(replica_num=2))
     segs = [r.segment for r in replicas(a, "two")]
     assert sorted(segs) == sorted([a.engine.name, b.engine.name])
-    with pytest.raises(StoreError) as e:
-        a.put("three", b"v", ReplicateConfig(replica_num=3))
-    assert e.value.code == ErrorCode.NO_AVAILABLE_HANDLE
+    a.put("three", b"v", ReplicateConfig(replica_num=3))  # best effort, as upstream
+    assert sorted(r.segment for r in replicas(a, "three")) == sorted(segs)
 
 
 def test_get_into_numpy_and_torch(client: Callable[..., StoreClient]) -> None:

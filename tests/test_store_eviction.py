@@ -160,3 +160,22 @@ def test_tick_relieves_once_leases_expire() -> None:
     report = m.tick()
     assert report.evicted == ("k0",) and report.dead_clients == ()
     assert m.stats().tiers["dram"].bytes_used <= 0.90 * 100 * KiB
+
+
+def test_a_soft_pin_lasts_its_ttl_after_the_last_use() -> None:
+    clock = FakeClock()
+    m = make(clock, soft_pin_ttl=100.0)
+    put(m, "short", 8 * KiB, soft_pin=True, soft_pin_ttl=10.0)  # oldest
+    put(m, "default", 8 * KiB, soft_pin=True)  # the master's 100 s
+    put(m, "plain", 8 * KiB)
+    clock.advance(6)  # leases over, every pin still on
+    assert m.evict() == ["plain"]
+    clock.advance(5)  # "short" is 11 s past its put: unpinned, evicted like any other
+    assert m.evict() == ["short"]
+    m.get_replica_list("default")  # a use renews the pin for another 100 s
+    clock.advance(90)
+    put(m, "newer", 8 * KiB)
+    clock.advance(6)
+    assert m.evict() == ["newer"]  # "default": 107 s after its put, 96 s after its use
+    clock.advance(10)
+    assert m.evict() == ["default"]

@@ -92,13 +92,19 @@ def test_not_enough_segments_or_too_big_is_refused_without_change(master: StoreM
     put(master, "old")
     before = snapshot(master)
     with pytest.raises(NoAvailableHandle) as e:
-        master.put_start("x", 10, ReplicateConfig(replica_num=4))
-    assert e.value.code == ErrorCode.NO_AVAILABLE_HANDLE == -200
-    with pytest.raises(NoAvailableHandle):
         master.put_start("x", MiB + 1)  # larger than every segment: nothing is evicted for it
+    assert e.value.code == ErrorCode.NO_AVAILABLE_HANDLE == -200
     assert snapshot(master) == before
     with pytest.raises(NoAvailableHandle):
         StoreMaster().put_start("x", 10)  # no segment at all
+
+
+def test_replica_num_is_best_effort_and_preferred_segments_come_in_order(
+        master: StoreMaster) -> None:
+    reps = master.put_start("x", 10, ReplicateConfig(replica_num=4))  # 3 segments mounted
+    assert len({r.segment for r in reps}) == 3
+    cfg = ReplicateConfig(2, preferred_segments=("nope", "b1", "a2"))
+    assert [r.segment for r in master.put_start("y", 10, cfg)] == ["b1", "a2"]
 
 
 def test_two_phase_put_states(master: StoreMaster) -> None:

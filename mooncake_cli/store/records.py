@@ -8,6 +8,7 @@ Limits:
     MAX_KEY_BYTES    4096   a key is a non-empty str of at most this many UTF-8 bytes
     MAX_OBJECT_SIZE  1 TiB  an object's size is an int in [1, MAX_OBJECT_SIZE]
     MAX_REPLICAS     16     replica_num is in [1, MAX_REPLICAS]
+    MAX_SEGMENT_SIZE 256 TiB a mounted segment's size (a 48-bit address space), base+size < 2^64
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from mooncake_cli.store.errors import InvalidKey, InvalidParams
 
 MAX_KEY_BYTES = 4096
 MAX_OBJECT_SIZE = 1 << 40
 MAX_REPLICAS = 16
+MAX_SEGMENT_SIZE = 1 << 48  # what a 48-bit virtual address space can map
+MAX_OFFSET = 1 << 64  # offsets travel as u64
 
 Tier = Literal["dram", "ssd"]
+R = TypeVar("R")
 TIERS: tuple[Tier, ...] = ("dram", "ssd")
 
 
@@ -68,6 +72,15 @@ def _check_name(name: object, what: str) -> None:
         raise InvalidParams(f"{what} must be a non-empty string, got {name!r}")
 
 
+def evolve(record: R, **changes: object) -> R:
+    """`dataclasses.replace` without re-running the checks (the master's hot path): for changes
+    the master itself makes to a record that was checked when it was made."""
+    new = object.__new__(type(record))
+    new.__dict__.update(record.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
 class ReplicaStatus(str, enum.Enum):
     PENDING = "pending"  # allocated by put_start, being written
     COMPLETE = "complete"  # put_end said the bytes are in place
@@ -95,6 +108,12 @@ class Segment:
             raise InvalidParams(f"host must be a string, got {self.host!r}")
         _check_int(self.base, "segment base", 0)
         _check_int(self.size, "segment size", 1)
+        if self.size > MAX_SEGMENT_SIZE:
+            raise InvalidParams(f"segment size {self.size} exceeds the limit of "
+                                f"{MAX_SEGMENT_SIZE} bytes (256 TiB)")
+        if self.base + self.size > MAX_OFFSET:
+            raise InvalidParams(f"segment [{self.base}, {self.base + self.size}) ends past the "
+                                "64-bit offset space")
         check_tier(self.tier)
 
     def holds(self, offset: int, size: int) -> bool:
@@ -134,15 +153,19 @@ class Replica:
 
 @dataclass(frozen=True)
 class ReplicateConfig:
-    """How a put is placed: replica count, a preferred segment (a hint), pins.
+    """How a put is placed: replica count, preferred segments (hints, in order), pins.
 
-    A hard-pinned object is never evicted; a soft-pinned one only after every unpinned one.
+    A hard-pinned object is never evicted; a soft-pinned one only after every unpinned one, and
+    only while its soft pin lasts: `soft_pin_ttl` seconds after its last use (0: the master's
+    default). `replica_num` is best effort: as many as there are segments, at least one.
     """
 
     replica_num: int = 1
     preferred_segment: str = ""
     soft_pin: bool = False
     hard_pin: bool = False
+    preferred_segments: tuple[str, ...] = ()
+    soft_pin_ttl: float = 0.0
 
     def __post_init__(self) -> None:
         _check_int(self.replica_num, "replica_num", 1)
@@ -152,6 +175,20 @@ class ReplicateConfig:
             raise InvalidParams("preferred_segment must be a string")
         if not isinstance(self.soft_pin, bool) or not isinstance(self.hard_pin, bool):
             raise InvalidParams("soft_pin and hard_pin must be booleans")
+        segs = self.preferred_segments
+        if not isinstance(segs, (tuple, list)) or len(segs) > 64 or \
+                not all(isinstance(s, str) for s in segs):
+            raise InvalidParams("preferred_segments must be at most 64 segment names")
+        object.__setattr__(self, "preferred_segments", tuple(segs))
+        ttl = self.soft_pin_ttl
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 <= ttl < 1e9:
+            raise InvalidParams(f"soft_pin_ttl must be seconds in [0, 1e9), got {ttl!r}")
+
+    @property
+    def preferred(self) -> tuple[str, ...]:
+        """The preferred segments in order: `preferred_segment` first, then the list."""
+        first = (self.preferred_segment,) if self.preferred_segment else ()
+        return first + tuple(s for s in self.preferred_segments if s != self.preferred_segment)
 
 
 @dataclass(frozen=True)
@@ -166,6 +203,7 @@ class ObjectMeta:
     last_access: float
     lease_until: float = 0.0
     put_deadline: float | None = None
+    soft_pin_until: float = 0.0  # a soft pin lasts until then (renewed by each use)
 
     @property
     def complete(self) -> bool:
@@ -173,6 +211,9 @@ class ObjectMeta:
 
     def leased(self, now: float) -> bool:
         return self.lease_until > now
+
+    def soft_pinned(self, now: float) -> bool:
+        return self.config.soft_pin and self.soft_pin_until > now
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Which objects to evict: least recently used first, soft-pinned ones only after all others.
+"""Which objects to evict: least recently used first, soft-pinned ones (while their pin lasts)
+only after all others.
 
 Never chosen: objects whose put has not ended, leased objects, hard-pinned objects, and objects
 with no replica on the tier being relieved.
@@ -26,7 +27,7 @@ def choose_victims(lru: Iterable[ObjectMeta], need: int, now: float, tier: Tier,
         n = sum(1 for r in meta.replicas if r.tier == tier)
         if n == 0:
             continue
-        if meta.config.soft_pin:
+        if meta.soft_pinned(now):
             soft.append(meta)
             continue
         victims.append(meta)

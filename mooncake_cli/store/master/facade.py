@@ -113,11 +113,19 @@ class StoreMaster:
 
     def batch_put_start(self, keys: Sequence[str], sizes: Sequence[int],
                         config: ReplicateConfig | None = None, *,
-                        tier: Tier = "dram") -> Results[tuple[Replica, ...]]:
-        if len(keys) != len(sizes):
-            raise InvalidParams(f"{len(keys)} keys but {len(sizes)} sizes")
-        return self._each([*zip(keys, sizes, strict=True)],
-                          lambda ks: self.put_start(ks[0], ks[1], config, tier=tier))
+                        tier: Tier = "dram", upsert: bool = False) -> Results[tuple[Replica, ...]]:
+        if not isinstance(keys, (list, tuple)) or len(keys) != len(sizes):
+            raise InvalidParams("a batch takes a list of keys and as many sizes")
+        return self.objects.batch_put_start(keys, sizes, config, tier=tier, upsert=upsert)
+
+    def batch_replica_clear(self, keys: Sequence[str], segment: str = "") -> Keys:
+        """Drop the replicas of `keys` (those on transfer segment `segment` only, when given)
+        whose objects are complete and not leased; an object left with none is removed. The
+        keys that lost a replica (upstream's batch_replica_clear)."""
+        if not isinstance(keys, (list, tuple)) or not isinstance(segment, str):
+            raise InvalidParams("batch_replica_clear takes a list of keys and a segment name")
+        with self._lock:
+            return [k for k in keys if self.objects.replica_clear(k, segment)]
 
     def batch_put_end(self, keys: Sequence[str],
                       checksums: Sequence[str | None] | None = None) -> Results[None]:

@@ -14,7 +14,7 @@ add_replica_start / add_replica_end (replication.py).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import TypeAlias
 
 from mooncake_cli.store.errors import (
@@ -25,6 +25,7 @@ from mooncake_cli.store.errors import (
     ObjectHasLease,
     ObjectNotFound,
     ReplicaNotReady,
+    StoreError,
 )
 from mooncake_cli.store.master.eviction import Eviction
 from mooncake_cli.store.master.state import MasterState
@@ -39,7 +40,10 @@ from mooncake_cli.store.records import (
     check_key,
     check_size,
     check_tier,
+    evolve,
 )
+
+DEFAULT_CONFIG = ReplicateConfig()
 
 Keys: TypeAlias = list[str]  # inside Objects the name `list` is the method
 
@@ -56,37 +60,76 @@ class Objects:
 
     # -- puts ------------------------------------------------------------------------------------
     def put_start(self, key: str, size: int, config: ReplicateConfig | None = None, *,
-                  tier: Tier = "dram") -> tuple[Replica, ...]:
-        """Allocate `config.replica_num` pending replicas of `size` bytes on distinct segments
-        (distinct hosts first, the preferred segment first); the client then writes them."""
-        check_key(key)
-        check_size(size)
+                  tier: Tier = "dram", upsert: bool = False) -> tuple[Replica, ...]:
+        """Allocate up to `config.replica_num` pending replicas of `size` bytes on distinct
+        segments (distinct hosts first, the preferred segments first; as many as fit, at least
+        one); the client then writes them. `upsert`: a complete object of that key is replaced
+        (ReplicaNotReady while its put is under way)."""
+        config = self._config(config, tier)
+        with self._lock:
+            now = self.now()
+            replicas = self._start(key, size, config, tier, upsert, now, {})
+            self.eviction.relieve(now)
+            return replicas
+
+    def batch_put_start(self, keys: Sequence[str], sizes: Sequence[int],
+                        config: ReplicateConfig | None = None, *, tier: Tier = "dram",
+                        upsert: bool = False) -> list[tuple[Replica, ...] | StoreError]:
+        """`put_start` of each key (one check of the config, one watermark check at the end);
+        per key its replicas or the error it met."""
+        config = self._config(config, tier)
+        with self._lock:
+            now = self.now()
+            fits: dict[int, int] = {}
+            out: list[tuple[Replica, ...] | StoreError] = []
+            for key, size in zip(keys, sizes, strict=True):
+                try:
+                    out.append(self._start(key, size, config, tier, upsert, now, fits))
+                except StoreError as e:
+                    out.append(e)
+            self.eviction.relieve(now)
+            return out
+
+    @staticmethod
+    def _config(config: ReplicateConfig | None, tier: Tier) -> ReplicateConfig:
         check_tier(tier)
-        config = ReplicateConfig() if config is None else config
+        config = DEFAULT_CONFIG if config is None else config
         if not isinstance(config, ReplicateConfig):
             raise InvalidParams(f"config must be a ReplicateConfig, not {type(config).__name__}")
-        n = config.replica_num
-        with self._lock:
-            st = self.state
-            now = self.now()
-            st.expire_put(key, now)
-            if key in st.objects:
-                raise ObjectAlreadyExists(f"object {key!r} already exists or is being put")
-            have = st.segments.fitting(size, tier)
-            if have < n:
-                raise NoAvailableHandle(f"{n} replica(s) of {size} bytes need {n} distinct "
-                                        f"{tier} segments that large; {have} mounted")
-            replicas = st.segments.allocate(size, n, tier, config.preferred_segment)
-            if not replicas and tier == "dram":
-                self.eviction.evict(now, n * st.segments.aligned(size), "room")
-                replicas = st.segments.allocate(size, n, tier, config.preferred_segment)
-            if not replicas:
-                raise NoAvailableHandle(f"no room for {n} replica(s) of {size} bytes in the "
-                                        f"{tier} tier")
-            st.admit(ObjectMeta(key, size, tuple(replicas), config, now, now,
-                                   put_deadline=now + st.put_timeout))
-            self.eviction.relieve(now)
-            return tuple(replicas)
+        return config
+
+    def _start(self, key: str, size: int, config: ReplicateConfig, tier: Tier, upsert: bool,
+               now: float, fits: dict[int, int]) -> tuple[Replica, ...]:
+        """One put_start, the lock held; `fits` caches segments.fitting by size (it changes
+        only when segments come and go)."""
+        check_key(key)
+        check_size(size)
+        st = self.state
+        st.expire_put(key, now)
+        old = st.objects.get(key)
+        if old is not None and upsert and old.complete:
+            st.drop(key)
+        elif old is not None:
+            if upsert:
+                raise ReplicaNotReady(f"the put of {key!r} has not ended")
+            raise ObjectAlreadyExists(f"object {key!r} already exists or is being put")
+        if size not in fits:
+            fits[size] = st.segments.fitting(size, tier)
+        n = min(config.replica_num, fits[size])
+        if n < 1:
+            raise NoAvailableHandle(f"no mounted {tier} segment can hold {size} bytes")
+        preferred = config.preferred
+        replicas = st.segments.allocate(size, n, tier, preferred, 1)
+        if not replicas and tier == "dram":
+            self.eviction.evict(now, n * st.segments.aligned(size), "room")
+            replicas = st.segments.allocate(size, n, tier, preferred, 1)
+        if not replicas:
+            raise NoAvailableHandle(f"no room for a replica of {size} bytes in the "
+                                    f"{tier} tier")
+        st.admit(ObjectMeta(key, size, tuple(replicas), config, now, now,
+                            put_deadline=now + st.put_timeout,
+                            soft_pin_until=st.soft_pin_end(config, now)))
+        return tuple(replicas)
 
     def put_end(self, key: str, checksum: str | None = None) -> None:
         """Mark the put of `key` complete (a repeat for a complete object does nothing)."""
@@ -99,9 +142,9 @@ class Objects:
             meta = st.live(key, now)
             if meta.complete:
                 return
-            done = tuple(replace(r, status=ReplicaStatus.COMPLETE, checksum=checksum)
+            done = tuple(evolve(r, status=ReplicaStatus.COMPLETE, checksum=checksum)
                          for r in meta.replicas)
-            st.keep(replace(meta, replicas=done, put_deadline=None, last_access=now))
+            st.keep(evolve(meta, replicas=done, put_deadline=None, last_access=now))
             st.counts["puts"] += 1
 
     def put_revoke(self, key: str) -> None:
@@ -178,6 +221,26 @@ class Objects:
             if not force and not meta.complete:
                 raise ReplicaNotReady(f"the put of {key!r} has not ended")
             st.drop(key)
+
+    def replica_clear(self, key: str, segment: str = "") -> bool:
+        """Drop the replicas of complete, unleased `key` (only those on `segment` when given;
+        the object goes when none is left); whether any went. Missing keys: False."""
+        with self._lock:
+            st = self.state
+            now = self.now()
+            st.expire_put(key, now)
+            meta = st.objects.get(key)
+            if meta is None or not meta.complete or meta.leased(now):
+                return False
+            gone = [r for r in meta.replicas if not segment or r.segment == segment]
+            if not gone:
+                return False
+            if len(gone) == len(meta.replicas):
+                st.drop(key)
+                return True
+            st.segments.release_all(gone)
+            st.set(evolve(meta, replicas=tuple(r for r in meta.replicas if r not in gone)))
+            return True
 
     def remove_all(self, force: bool = False) -> int:
         """Remove every complete unleased object (every object with `force`); how many."""

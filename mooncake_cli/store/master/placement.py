@@ -7,7 +7,7 @@ free space. Not thread-safe: the master's lock guards it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT, Allocator
 from mooncake_cli.store.errors import InvalidReplica, SegmentAlreadyExists, SegmentNotFound
@@ -97,15 +97,19 @@ class SegmentTable:
     def aligned(self, size: int) -> int:
         return -(-size // self.alignment) * self.alignment
 
-    def allocate(self, size: int, n: int, tier: Tier, preferred: str = "") -> list[Replica]:
-        """`n` pending replicas of `size` bytes on distinct segments, or [] (nothing held)."""
+    def allocate(self, size: int, n: int, tier: Tier, preferred: str | Sequence[str] = "",
+                 least: int | None = None) -> list[Replica]:
+        """`n` pending replicas of `size` bytes on distinct segments (the `preferred` ones first,
+        in order), or [] (nothing held) when fewer than `least` (default `n`) fit."""
+        order = [preferred] if isinstance(preferred, str) else list(preferred)
+        rank = {name: i for i, name in reversed(list(enumerate(order)))}
         candidates = []
         for name, ms in self._by_name.items():
             mounts = [m for m in ms if m.segment.tier == tier
                       and m.alloc.capacity >= self.aligned(size)]
             if mounts:
                 room = sum(m.alloc.free_bytes for m in mounts)
-                candidates.append((name != preferred, -room, name, mounts))
+                candidates.append((rank.get(name, len(order)), -room, name, mounts))
         candidates.sort(key=lambda c: c[:3])
         chosen: list[Replica] = []
         used_names: set[str] = set()
@@ -122,7 +126,7 @@ class SegmentTable:
                     chosen.append(r)
                     used_names.add(name)
                     used_hosts.add(host)
-        if len(chosen) < n:
+        if len(chosen) < (n if least is None else least):
             self.release_all(chosen)
             return []
         return chosen

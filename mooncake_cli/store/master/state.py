@@ -22,7 +22,7 @@ from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT
 from mooncake_cli.store.errors import InvalidParams, ObjectNotFound
 from mooncake_cli.store.eviction import DEFAULT, make_policy
 from mooncake_cli.store.master.placement import SegmentTable
-from mooncake_cli.store.records import ObjectMeta, Segment
+from mooncake_cli.store.records import ObjectMeta, ReplicateConfig, Segment, evolve
 from mooncake_cli.store.reports import ReportBook
 
 
@@ -39,8 +39,15 @@ class MasterState:
                  put_timeout: float = 30.0, client_ttl: float = 10.0,
                  high_watermark: float = 0.90, eviction_ratio: float = 0.05,
                  alignment: int = DEFAULT_ALIGNMENT,
-                 eviction: str | EvictionPolicy = DEFAULT) -> None:
-        if min(lease_ttl, put_timeout, client_ttl) <= 0:
+                 eviction: str | EvictionPolicy = DEFAULT, soft_pin_ttl: float = 1800.0,
+                 offload_on_evict: bool = True, promotion_on_hit: bool = True,
+                 promotion_threshold: int = 1) -> None:
+        """`soft_pin_ttl`: seconds a soft pin lasts after the object's last use, unless its
+        config says (upstream's default_kv_soft_pin_ttl, 30 min). `offload_on_evict`: an
+        evicted object goes to its client's SSD segment when there is one (else dropped);
+        `promotion_on_hit`: an object held only on SSD is copied back to DRAM after
+        `promotion_threshold` gets."""
+        if min(lease_ttl, put_timeout, client_ttl, soft_pin_ttl) <= 0:
             raise InvalidParams("lease_ttl, put_timeout and client_ttl must be positive")
         if not 0 < high_watermark <= 1 or not 0 < eviction_ratio <= 1:
             raise InvalidParams("high_watermark and eviction_ratio must be in (0, 1]")
@@ -50,6 +57,10 @@ class MasterState:
         self.client_ttl = client_ttl
         self.high_watermark = high_watermark
         self.eviction_ratio = eviction_ratio
+        self.soft_pin_ttl = soft_pin_ttl
+        self.offload_on_evict = offload_on_evict
+        self.promotion_on_hit = promotion_on_hit
+        self.promotion_threshold = max(1, int(promotion_threshold))
         self.lock = threading.RLock()
         self.segments = SegmentTable(alignment)
         self.reports = ReportBook(self.segments)  # what each client's segment holds
@@ -89,9 +100,14 @@ class MasterState:
         return meta
 
     def lease(self, meta: ObjectMeta, now: float) -> ObjectMeta:
-        return self.keep(replace(meta, last_access=now,
-                                 lease_until=max(meta.lease_until, now + self.lease_ttl)),
+        return self.keep(evolve(meta, last_access=now,
+                                lease_until=max(meta.lease_until, now + self.lease_ttl),
+                                soft_pin_until=self.soft_pin_end(meta.config, now)),
                          hit=True)
+
+    def soft_pin_end(self, config: ReplicateConfig, now: float) -> float:
+        """When a soft pin of `config` taken (or renewed) at `now` ends; 0.0: not pinned."""
+        return now + (config.soft_pin_ttl or self.soft_pin_ttl) if config.soft_pin else 0.0
 
     def forget(self, key: str, evicted: bool = False) -> ObjectMeta:
         """Remove `key` from the index and the policy (its replicas are the caller's)."""

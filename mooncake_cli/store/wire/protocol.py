@@ -86,9 +86,10 @@ class PutStart(_Req, tag="put_start"):
     size: Size
     config: ReplicateConfig | None = None
     tier: Tier = "dram"
+    upsert: bool = False
 
     def call(self, m: StoreMaster) -> tuple[Replica, ...]:
-        return m.put_start(self.key, self.size, self.config, tier=self.tier)
+        return m.put_start(self.key, self.size, self.config, tier=self.tier, upsert=self.upsert)
 
 
 class PutEnd(_Req, tag="put_end"):
@@ -160,9 +161,19 @@ class BatchPutStart(_Req, tag="batch_put_start"):
     sizes: Annotated[list[Size], msgspec.Meta(max_length=MAX_BATCH)]
     config: ReplicateConfig | None = None
     tier: Tier = "dram"
+    upsert: bool = False
 
     def call(self, m: StoreMaster) -> list[Any]:
-        return m.batch_put_start(self.keys, self.sizes, self.config, tier=self.tier)
+        return m.batch_put_start(self.keys, self.sizes, self.config, tier=self.tier,
+                                 upsert=self.upsert)
+
+
+class BatchReplicaClear(_Req, tag="batch_replica_clear"):
+    keys: Keys
+    segment: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+
+    def call(self, m: StoreMaster) -> list[str]:
+        return m.batch_replica_clear(self.keys, self.segment)
 
 
 class BatchPutEnd(_Req, tag="batch_put_end"):
@@ -284,7 +295,7 @@ Request = Union[  # noqa: UP007 - msgspec wants a real Union of the tagged struc
     Exists, Describe, Remove, RemoveAll, List, Stats, RegisterExisting, BatchPutStart,
     BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists, BatchRemove, WhoLeads,
     PollMoves, MovesDone, BatchAddReplicaStart, BatchAddReplicaEnd, BatchAddReplicaRevoke,
-    PollHoldings, RegisterHeld, BatchDescribe,
+    PollHoldings, RegisterHeld, BatchDescribe, BatchReplicaClear,
 ]
 BATCHES = (BatchPutStart, BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists,
            BatchDescribe, BatchRemove, BatchAddReplicaStart, BatchAddReplicaEnd,
