@@ -66,24 +66,26 @@ def test_concurrent_requests_equal_their_single_outputs(
     assert decode.load()["free_blocks"] == 96
 
 
-def test_admission_refuses_what_would_overflow(tmp_path: Any) -> None:
+def test_reservations_take_the_prompts_blocks_and_keep_the_watermark(tmp_path: Any) -> None:
     with DecodeWorker(WorkerConfig(role="decode", block_size=16, kv_blocks=8)) as decode:
         url = decode.url + "/v1/kv/reserve"
         big = call(url, {"request_id": "too-big", "num_tokens": 100, "max_tokens": 100})
         assert big.status == 413 and "needs 13 KV blocks" in big.body["error"]["message"]
-        # one block now, room kept for growing to 5 blocks
+        # the prompt's block only: growing to 5 blocks is allocated as it happens
         first = call(url, {"request_id": "a", "num_tokens": 16, "max_tokens": 64})
         assert first.status == 200 and len(first.body["block_ids"]) == 1
         assert decode.load()["free_blocks"] == 7
-        second = call(url, {"request_id": "b", "num_tokens": 64})
-        assert second.status == 503, "7 blocks are free, but 4 of them are a's to grow into"
-        assert "KV cache full" in second.body["error"]["message"]
-        fits = call(url, {"request_id": "c", "num_tokens": 48})
-        assert fits.status == 200 and len(fits.body["block_ids"]) == 3
+        second = call(url, {"request_id": "b", "num_tokens": 64, "max_tokens": 64})
+        assert second.status == 200 and len(second.body["block_ids"]) == 4
+        full = call(url, {"request_id": "c", "num_tokens": 48})
+        assert full.status == 503, "3 blocks are free, but 1 is kept for growth"
+        assert "KV cache full" in full.body["error"]["message"]
+        fits = call(url, {"request_id": "c", "num_tokens": 32})
+        assert fits.status == 200 and len(fits.body["block_ids"]) == 2
         assert call(url, {"request_id": "c", "num_tokens": 1}).status == 409
         assert call(decode.url + "/v1/kv/release", {"request_id": "a"}).body == \
             {"request_id": "a", "released_blocks": 1}
-        assert call(url, {"request_id": "b", "num_tokens": 64}).status == 200
+        assert call(url, {"request_id": "d", "num_tokens": 16}).status == 200
         assert call(decode.url + "/v1/kv/release", {"request_id": "a"}).status == 404
 
 
@@ -144,10 +146,10 @@ def test_client_that_leaves_frees_its_blocks(workers: tuple[PrefillWorker, Decod
     cancelled = decode.metrics.get("requests_failed")
     resp.close()
     conn.close()
-    wait_for(lambda: decode.load() | {"recent_step_s": 0} ==
-             {"role": "decode", "running": 0, "waiting": 0, "free_blocks": 96,
-              "total_blocks": 96, "recent_step_s": 0, "queued_prefill_tokens": 0}, 20,
-             what="the cancelled request's blocks to be freed")
+    wait_for(lambda: {k: decode.load()[k] for k in ("running", "waiting", "preempted",
+                                                     "free_blocks", "total_blocks")} ==
+             {"running": 0, "waiting": 0, "preempted": 0, "free_blocks": 96,
+              "total_blocks": 96}, 20, what="the cancelled request's blocks to be freed")
     assert decode.metrics.get("requests_failed") == cancelled + 1
     assert decode.metrics.get("generated_tokens") < generated + 500, "it stopped early"
     assert value(call(decode.url + "/metrics").body["text"], "mooncake_worker_free_blocks",

@@ -56,7 +56,6 @@ def test_bad_sampling_at_generate_is_400_and_frees_the_reservation(
     assert answer.status == 400, answer.body
     assert answer.body["error"]["param"] == "sampling"
     assert decode.load()["free_blocks"] == BLOCKS
-    assert decode.admission.committed() == 0
     assert call(decode.url + "/v1/kv/release", {"request_id": "bad"}).status == 404
 
 

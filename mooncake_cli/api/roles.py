@@ -141,6 +141,11 @@ class Load(Answer):
     total_blocks: Count = 0
     recent_step_s: float = 0.0
     queued_prefill_tokens: Count = 0
+    preempted: Count = 0  # decode: sequences parked now, and the totals so far
+    preemptions: Count = 0
+    parked_blocks: Count = 0
+    reloaded_blocks: Count = 0
+    recomputed_tokens: Count = 0
 
     @field_validator("recent_step_s")
     @classmethod

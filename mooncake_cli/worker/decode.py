@@ -1,8 +1,15 @@
 """DecodeWorker: KV reservations filled by prefill workers, and continuous batching — one loop
-thread runs decode steps over every running request; requests join and leave between steps."""
+thread runs decode steps over every running request; requests join and leave between steps.
+
+KV memory is allocated as sequences grow: a reservation holds the prompt's blocks, and a running
+sequence gets its next block when its last one is full. When none is free, the most recently
+admitted sequences are preempted (vLLM's order): their KV is parked in the store, their blocks
+freed, and they resume first, ahead of new reservations, once there is room again.
+"""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -16,9 +23,11 @@ from starlette.routing import Route
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError, bad
 from mooncake_cli.engine import ModelError, Sequence
-from mooncake_cli.worker.admission import Admission
+from mooncake_cli.engine.errors import CacheFull
 from mooncake_cli.worker.decode_request import DecodeRequest, Reservation
 from mooncake_cli.worker.http import decode_routes
+from mooncake_cli.worker.parking import Parking
+from mooncake_cli.worker.prefix import PrefixStore
 from mooncake_cli.worker.runtime import WorkerRuntime
 
 log = logging.getLogger("mooncake.worker")
@@ -33,47 +42,65 @@ class DecodeWorker(WorkerRuntime):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.admission = Admission(self.cache.num_blocks)
+        prefix = PrefixStore(self.store, self.cache) if self.store is not None else None
+        self.parking = Parking(prefix, self.runner, self.ns)
+        self.watermark = max(1, self.cache.num_blocks // 100)  # blocks kept free for growth
         self._cv = threading.Condition()
+        self._order = itertools.count()
+        self._active: set[str] = set()  # reserved, running or preempted request ids
         self._reserved: dict[str, Reservation] = {}
-        self._waiting: deque[DecodeRequest] = deque()
-        self._running: list[DecodeRequest] = []
+        self._inbox: deque[DecodeRequest] = deque()
+        self._running: list[DecodeRequest] = []  # in admission order
+        self._preempted: deque[DecodeRequest] = deque()  # resumed from the left
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mooncake-decode", daemon=True)
         self._thread.start()
 
     def load(self) -> dict[str, Any]:
         with self._cv:
-            running, waiting = len(self._running), len(self._waiting)
+            running, waiting = len(self._running), len(self._inbox)
+            preempted = len(self._preempted)
+        m = self.metrics
         return {"role": self.role, "running": running, "waiting": waiting,
-                "free_blocks": self.cache.allocator.free, "total_blocks": self.cache.num_blocks,
-                "recent_step_s": self.metrics.recent_step_s(), "queued_prefill_tokens": 0}
+                "preempted": preempted, "free_blocks": self.cache.allocator.free,
+                "total_blocks": self.cache.num_blocks,
+                "recent_step_s": m.recent_step_s(), "queued_prefill_tokens": 0,
+                "preemptions": int(m.get("preemptions")),
+                "parked_blocks": int(m.get("parked_blocks")),
+                "reloaded_blocks": int(m.get("reloaded_blocks")),
+                "recomputed_tokens": int(m.get("recomputed_tokens"))}
 
-    def _final_blocks(self, num_tokens: int, max_tokens: int) -> int:
-        return self.cache.blocks_for(min(num_tokens + max_tokens,
-                                         self.model.config.max_position))
+    def _check_fits(self, num_tokens: int, max_tokens: int) -> None:
+        """DECODE_TOO_LARGE (413) unless the request could finish alone in this cache."""
+        final = self.cache.blocks_for(min(num_tokens + max_tokens,
+                                          self.model.config.max_position))
+        if max(final, self.cache.blocks_for(num_tokens)) > self.cache.num_blocks:
+            self.metrics.add("requests_failed")
+            raise ServingError(ErrorCode.DECODE_TOO_LARGE, f"a request of {num_tokens} + "
+                               f"{max_tokens} tokens needs {final} KV blocks; this decode "
+                               f"worker has {self.cache.num_blocks}")
 
     # -- reservations ------------------------------------------------------------------------
     def reserve(self, req: roles.ReserveRequest) -> roles.ReserveAnswer:
-        rid, num_tokens, max_tokens = req.request_id, req.num_tokens, req.max_tokens
+        """Blocks for the prompt's KV, if they are free now beyond the growth watermark and no
+        preempted sequence waits for them; KV_FULL (503, retry) otherwise."""
+        rid, num_tokens = req.request_id, req.num_tokens
+        self._check_fits(num_tokens, req.max_tokens)
         need = self.cache.blocks_for(num_tokens)
-        budget = max(need, self._final_blocks(num_tokens, max_tokens))
-        if budget > self.cache.num_blocks:  # never fits: 413, unlike a full cache (503)
-            self.metrics.add("requests_failed")
-            raise ServingError(ErrorCode.DECODE_TOO_LARGE, f"a request of {num_tokens} + "
-                               f"{max_tokens} tokens needs {budget} KV blocks; this decode "
-                               f"worker has {self.cache.num_blocks}")
         with self._cv:
-            if rid in self.admission:
+            if rid in self._active:
                 raise ServingError(ErrorCode.CONFLICT,
                                    f"request {rid!r} already holds KV blocks here")
-            if not self.admission.set(rid, budget):
+            free = self.cache.allocator.free
+            if self._preempted or free - need < self.watermark:
                 self.metrics.add("requests_failed")
-                raise ServingError(ErrorCode.KV_FULL, f"KV cache full: {budget} blocks wanted, "
-                                   f"{self.admission.committed()} of {self.cache.num_blocks} "
-                                   "committed to running and reserved requests", retry_after=1)
+                why = f"{len(self._preempted)} preempted requests resume first" \
+                    if self._preempted else f"{need} blocks wanted, {free} of " \
+                    f"{self.cache.num_blocks} free ({self.watermark} kept for growth)"
+                raise ServingError(ErrorCode.KV_FULL, f"KV cache full: {why}", retry_after=1)
             blocks = self.cache.allocator.allocate(need)
             self._reserved[rid] = Reservation(rid, blocks, num_tokens)
+            self._active.add(rid)
         assert self.engine is not None
         return roles.ReserveAnswer(segment=self.engine.name, engine=self.engine.address,
                                    block_ids=blocks, block_bytes=self.ns.block_bytes,
@@ -99,7 +126,7 @@ class DecodeWorker(WorkerRuntime):
     def _free(self, rid: str, blocks: list[int]) -> None:
         self.cache.allocator.release(list(blocks))
         blocks.clear()
-        self.admission.remove(rid)
+        self._active.discard(rid)
 
     # -- generation --------------------------------------------------------------------------
     def generate(self, body: roles.GenerateRequest) -> AsyncIterator[dict[str, Any] | str]:
@@ -123,16 +150,12 @@ class DecodeWorker(WorkerRuntime):
                 seq = self.runner.new_sequence(tokens, params)
             except ModelError as e:
                 raise bad(str(e), "token_ids") from None
-            budget = max(len(res.blocks), self._final_blocks(len(tokens), params.max_tokens))
-            if budget > self.cache.num_blocks:
-                raise ServingError(ErrorCode.DECODE_TOO_LARGE, f"{len(tokens)} + "
-                                   f"{params.max_tokens} tokens need {budget} KV blocks; this "
-                                   f"decode worker has {self.cache.num_blocks}")
+            self._check_fits(len(tokens), params.max_tokens)
             self.metrics.add("kv_bytes_loaded", len(res.blocks) * self.ns.block_bytes)
             seq.block_table = res.blocks
             seq.num_computed = len(tokens)
             self._append(seq, first)
-            req = DecodeRequest(rid, seq, budget)
+            req = DecodeRequest(rid, seq, next(self._order))
             req.token(first, self.model.tokenizer.decode)
         except Exception as e:
             with self._cv:
@@ -146,7 +169,7 @@ class DecodeWorker(WorkerRuntime):
             if seq.finished:
                 self._end(req)
             else:
-                self._waiting.append(req)
+                self._inbox.append(req)
                 self._cv.notify()
         return req.stream(self._wake)
 
@@ -165,22 +188,58 @@ class DecodeWorker(WorkerRuntime):
         """Finish `req` (caller holds the lock): free its blocks, send its final event."""
         self._free(req.request_id, req.seq.block_table)
         req.finish(error)
-        if req in self._running:
-            self._running.remove(req)
+        for queue in (self._running, self._preempted):
+            if req in queue:
+                queue.remove(req)
         self.metrics.add("requests_failed" if error or req.cancelled else "requests")
 
-    # -- the batch loop ----------------------------------------------------------------------
-    def _admit(self) -> None:
-        while self._waiting:
-            head = self._waiting[0]
-            if head.cancelled:
-                self._waiting.popleft()
-                self._end(head)
-            elif self.admission.set(head.request_id, head.budget):
-                self._running.append(self._waiting.popleft())
-            else:
-                break  # first come, first served: it waits for blocks to be freed
+    # -- KV memory: growth, preemption, resumption (the loop thread) --------------------------
+    def _preempt(self, req: DecodeRequest) -> None:
+        """Take `req` out of the batch, park its KV in the store and free its blocks."""
+        with self._cv:
+            self._running.remove(req)
+        parked = self.parking.park(req.seq)
+        with self._cv:
+            self.cache.release(req.seq.block_table)
+            req.seq.num_computed = 0
+            req.preemptions += 1
+            self._preempted.appendleft(req)
+        self.metrics.add("preemptions")
+        self.metrics.add("parked_blocks", parked)
+        log.info("preempted %s (%d tokens, %d blocks parked)", req.request_id, len(req.seq),
+                 parked)
 
+    def _make_room(self) -> None:
+        """Give every running sequence the block its next token needs, preempting the most
+        recently admitted ones while none is free."""
+        i = 0
+        while i < len(self._running):
+            seq = self._running[i].seq
+            try:
+                self.cache.ensure(seq.block_table, seq.num_computed + 1)
+                i += 1
+            except CacheFull:
+                self._preempt(self._running[-1])
+
+    def _resume(self) -> None:
+        """Resume preempted sequences, oldest first, while the room they need is free."""
+        while self._preempted and not self._stop.is_set():
+            req = self._preempted[0]
+            if req.cancelled:
+                with self._cv:
+                    self._end(req)
+                continue
+            if self.cache.allocator.free < self.cache.blocks_for(len(req.seq)) + self.watermark:
+                return
+            got = self.parking.resume(req.seq)
+            self.metrics.add("reloaded_blocks", got.reloaded_blocks)
+            self.metrics.add("recomputed_tokens", got.recomputed_tokens)
+            with self._cv:
+                self._preempted.popleft()
+                self._running.append(req)
+                self._running.sort(key=lambda r: r.order)
+
+    # -- the batch loop ----------------------------------------------------------------------
     def _expire(self) -> None:
         now = time.monotonic()
         for rid, res in list(self._reserved.items()):
@@ -193,22 +252,28 @@ class DecodeWorker(WorkerRuntime):
     def _loop(self) -> None:
         while not self._stop.is_set():
             with self._cv:
-                self._admit()
+                while self._inbox:
+                    self._running.append(self._inbox.popleft())
                 self._expire()
                 for r in [r for r in self._running if r.cancelled]:
                     self._end(r)
-                batch = list(self._running)
-                if not batch:
+                if not self._running and not self._preempted:
                     self._cv.wait(0.2)
                     continue
             try:
+                self._resume()
+                self._make_room()
+                batch = list(self._running)
+                if not batch:
+                    time.sleep(0.01)  # nothing fits yet: reservations hold the blocks
+                    continue
                 t = time.perf_counter()
                 tokens = self.runner.decode([r.seq for r in batch])
                 self.metrics.step(time.perf_counter() - t)
             except Exception as e:  # a failed step fails its batch, not the worker
                 log.exception("decode step failed")
                 with self._cv:
-                    for r in batch:
+                    for r in list(self._running):
                         self._end(r, f"decode step failed: {e}")
                 continue
             self.metrics.add("generated_tokens", len(batch))
@@ -222,15 +287,15 @@ class DecodeWorker(WorkerRuntime):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._cv:
-                if not self._running and not self._waiting:
+                if not self._running and not self._inbox and not self._preempted:
                     break
             time.sleep(0.05)
         self._stop.set()
         self._thread.join(timeout=30)
         with self._cv:
-            for r in [*self._running, *self._waiting]:
+            for r in [*self._running, *self._inbox, *self._preempted]:
                 self._end(r, f"decode worker {self.name} is shutting down")
-            self._waiting.clear()
+            self._inbox.clear()
             for rid, res in list(self._reserved.items()):
                 self._free(rid, res.blocks)
             self._reserved.clear()

@@ -25,15 +25,16 @@ class Reservation:
 
 @dataclass
 class DecodeRequest:
-    """A request decoding (or waiting to): its sequence, block budget and event queue."""
+    """A request decoding (or waiting to): its sequence, admission order and event queue."""
 
     request_id: str
     seq: Sequence
-    budget: int
+    order: int
     events: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     cancelled: bool = False
     done: bool = False
+    preemptions: int = 0
     sent_text: str = ""
 
     def _put(self, event: dict[str, Any] | None) -> None:

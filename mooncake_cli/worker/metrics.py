@@ -23,6 +23,7 @@ PREFIX = "mooncake_worker_"
 GAUGE_HELP = {
     "running": "Requests running now.",
     "waiting": "Requests queued now.",
+    "preempted": "Decode sequences preempted now, waiting to resume.",
     "free_blocks": "Free blocks of the paged KV cache.",
     "total_blocks": "Blocks of the paged KV cache.",
     "kv_used_bytes": "Bytes of the KV cache in use (cache size).",
@@ -45,6 +46,10 @@ class WorkerMetrics:
         "prefix_evictions": "Stored prefix blocks found evicted (or unreadable) when loaded.",
         "requests": "Requests finished.",
         "requests_failed": "Requests that failed or were refused.",
+        "preemptions": "Decode sequences preempted for lack of KV blocks.",
+        "parked_blocks": "KV blocks of preempted sequences held in the store when parked.",
+        "reloaded_blocks": "KV blocks of resumed sequences read back from the store.",
+        "recomputed_tokens": "Tokens of resumed sequences whose KV was recomputed.",
     }
 
     def __init__(self, role: str, gauges: dict[str, Callable[[], float]]) -> None:
