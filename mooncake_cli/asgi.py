@@ -9,10 +9,15 @@ Handlers are `async def handler(request) -> dict | Response`; they read their bo
 it becomes a status code and an OpenAI-style error body. Bounds: bodies over `max_body` bytes
 (413, chunked ones too) or slower than `body_timeout` (408), request headers not complete within
 `header_timeout` and connections idle for `idle_timeout` (closed), headers over `max_header`
-bytes (400) and at most `max_connections` at once (503 beyond). Malformed JSON, deep nesting
-and lone surrogates are 400 (see `mooncake_cli.api.schema`); nothing a client sends is a 500.
+bytes (400), at most `max_connections` at once (503 beyond) and at most `body_budget` bytes
+of bodies being read at once, over all connections (503 beyond, before reading). Malformed
+JSON, deep nesting and lone surrogates are 400 (see `mooncake_cli.api.schema`); nothing a
+client sends is a 500.
 
-Authentication has one place to live: the `guard` of `edge_app`, awaited before every route.
+Authentication has one place to live: the `guard` of `edge_app` (`mooncake_cli.auth.Gate`),
+awaited before every route, before any byte of the body is read. With an `audit` log, every
+request to a path of `audited` (and every refused one) is one line of it; a route adds what
+it knows with `note(request, field=value)`.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,16 +38,19 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
+from mooncake_cli.audit import AuditLog
+from mooncake_cli.edge_middleware import NOTES, Audited, Guard, Guarded, error_response
 from mooncake_cli.prometheus import CONTENT_TYPE
 
+__all__ = ["Guard", "Limits", "Server", "body", "edge_app", "error_response", "note", "sse",
+           "text_response"]
+
 log = logging.getLogger(__name__)
-Guard = Callable[[Request], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -55,10 +63,7 @@ class Limits:
     idle_timeout: float = 15.0  # seconds a keep-alive connection may sit idle
     max_header: int = 64 << 10  # bytes of one request's headers
     max_connections: int = 16384  # connections and requests at once
-
-
-def error_response(e: ServingError) -> JSONResponse:
-    return JSONResponse(e.body(), e.status, headers=e.headers())
+    body_budget: int = 64 << 20  # bytes of bodies being read at once, all connections
 
 
 def text_response(text: str) -> Response:
@@ -66,23 +71,46 @@ def text_response(text: str) -> Response:
     return Response(text, media_type=CONTENT_TYPE)
 
 
+class BodyBudget:
+    """Bytes of request bodies being read at once on one server (its event loop only)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.used = total, 0
+
+    def take(self, n: int) -> None:
+        if self.used + n > self.total:
+            raise ServingError(ErrorCode.UNAVAILABLE, f"busy: {self.used} bytes of request "
+                               f"bodies are being read (at most {self.total})", retry_after=1)
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
 async def body(request: Request) -> bytes:
-    """The request body, within the app's `Limits` (413 when too large, 408 when too slow)."""
+    """The request body, within the app's `Limits` (413 when too large, 408 when too slow,
+    503 when the server's body budget is spent), its declared length checked before reading."""
     limits: Limits = request.app.state.limits
+    budget: BodyBudget = request.app.state.body_budget
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body:
         raise ServingError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body of {declared} bytes is "
                            f"over {limits.max_body}")
+    held = int(declared) if declared is not None and declared.isdigit() else 0
+    budget.take(held)
     chunks: list[bytes] = []
     size = 0
 
     async def read() -> None:
-        nonlocal size
+        nonlocal size, held
         async for chunk in request.stream():
             size += len(chunk)
             if size > limits.max_body:
                 raise ServingError(ErrorCode.PAYLOAD_TOO_LARGE,
                                    f"request body is over {limits.max_body} bytes")
+            if size > held:  # chunked, or longer than declared
+                budget.take(size - held)
+                held = size
             chunks.append(chunk)
 
     try:
@@ -90,7 +118,14 @@ async def body(request: Request) -> bytes:
     except asyncio.TimeoutError:
         raise ServingError(ErrorCode.REQUEST_TIMEOUT, f"the request body took longer than "
                            f"{limits.body_timeout:g} s") from None
+    finally:
+        budget.give(held)
     return b"".join(chunks)
+
+
+def note(request: Request, **fields: Any) -> None:
+    """Add `fields` to this request's audit line (nothing without an audit log)."""
+    request.scope.setdefault(NOTES, {}).update(fields)
 
 
 def sse(events: AsyncIterator[dict[str, Any] | str]) -> EventSourceResponse:
@@ -104,10 +139,12 @@ def sse(events: AsyncIterator[dict[str, Any] | str]) -> EventSourceResponse:
 
 
 def edge_app(routes: Sequence[BaseRoute], limits: Limits | None = None,
-             guard: Guard | None = None, state: Any = None) -> Starlette:
+             guard: Guard | None = None, state: Any = None, audit: AuditLog | None = None,
+             audited: dict[str, str] | None = None) -> Starlette:
     """A Starlette app of `routes` whose errors all leave as OpenAI-style bodies. `guard`
     (the place for authentication) is awaited before every route and may raise
-    ServingError; `state` is reachable as `request.app.state.role`."""
+    ServingError; `state` is reachable as `request.app.state.role`. With `audit`, requests
+    to the paths of `audited` (path -> event name) and refused ones (401, 403) are logged."""
 
     async def serving_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ServingError)
@@ -128,30 +165,16 @@ def edge_app(routes: Sequence[BaseRoute], limits: Limits | None = None,
         log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
         return error_response(ServingError(ErrorCode.INTERNAL, f"internal error: {exc}"))
 
-    middleware = [Middleware(_Guarded, guard=guard)] if guard is not None else []
+    middleware = [Middleware(Audited, audit=audit, events=audited or {})] if audit else []
+    if guard is not None:
+        middleware.append(Middleware(Guarded, guard=guard))
     app = Starlette(routes=list(routes), middleware=middleware, exception_handlers={
         ServingError: serving_error, HTTPException: http_error,
         ClientDisconnect: disconnect, Exception: bug})
     app.state.limits = limits or Limits()
+    app.state.body_budget = BodyBudget(app.state.limits.body_budget)
     app.state.role = state
     return app
-
-
-class _Guarded:
-    """ASGI middleware awaiting `guard(request)` before the app; a ServingError it raises is
-    the answer."""
-
-    def __init__(self, app: ASGIApp, guard: Guard) -> None:
-        self.app, self.guard = app, guard
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            try:
-                await self.guard(Request(scope, receive))
-            except ServingError as e:
-                await error_response(e)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def _protocol(header_timeout: float) -> type[H11Protocol]:

@@ -170,10 +170,12 @@ class Registration(Message):
     model: str = ""
     block_size: int = 0
     load: Load = Load()
+    token: Annotated[str, Field(max_length=256)] = ""  # binds the name to this registrant
 
 
 class Deregistration(Message):
     name: Annotated[str, Field(min_length=1)]
+    token: Annotated[str, Field(max_length=256)] = ""
 
 
 class Health(Answer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -11,6 +12,7 @@ from typing import Any
 
 import typer
 
+from mooncake_cli.auth import resolve_secret
 from mooncake_cli.config import TransferConfig, load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
@@ -24,12 +26,23 @@ METADATA = typer.Option(None, "--metadata",
 TRANSPORT = typer.Option(None, "--transport", help="auto (default), tcp, shm or another plugin.")
 SECRET = typer.Option(None, "--secret", envvar="MOONCAKE_SECRET", show_envvar=True,
                       help="Shared secret every connection must prove (HMAC challenge).")
+SECRET_FILE = typer.Option(None, "--secret-file", envvar="MOONCAKE_SECRET_FILE",
+                           show_envvar=True, metavar="FILE",
+                           help="File whose first line is the shared secret (safer than "
+                                "--secret, which other users can see in the process list).")
 CONNECTIONS = typer.Option(None, "--connections", help="Connections per peer [default: 4].")
 TIMEOUT = typer.Option(None, "--timeout", help="Seconds per socket operation [default: 10].")
 
 
 def transfer_config(out: Out, **flags: Any) -> TransferConfig:
     return load(TransferConfig, "transfer", out.config_file, **flags)
+
+
+def cluster_config(out: Out, secret: str | None, secret_file: str | None) -> TransferConfig:
+    """The transfer config of a serving role, its secret the cluster secret of --secret,
+    --secret-file (or their variables) or else the [transfer] table's."""
+    tcfg = transfer_config(out)
+    return dataclasses.replace(tcfg, secret=resolve_secret(secret, secret_file) or tcfg.secret)
 
 
 @contextmanager

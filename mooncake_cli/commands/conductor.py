@@ -48,6 +48,13 @@ def start(
     kv_blocks: int = typer.Option(None, "--kv-blocks",
                                   help="With --local: KV cache blocks per worker "
                                        "[default: 512]."),
+    secret: str = typer.Option(None, "--secret", envvar="MOONCAKE_SECRET", show_envvar=True,
+                               help="Cluster secret the workers' and the conductor's internal "
+                                    "endpoints require (signed requests); required beyond "
+                                    "loopback. With --local: none makes a fresh one."),
+    secret_file: str = c.SECRET_FILE,
+    api_key: str = _opt("--api-key", "api_key", "KEY"),
+    audit_log: str = _opt("--audit-log", "audit_log", "FILE"),
 ) -> None:
     """Serve the OpenAI API and route each request to the best prefill/decode pair."""
     from mooncake_cli.conductor.local_cluster import LocalCluster, parse_local
@@ -59,24 +66,27 @@ def start(
                model=model, served_model_name=served_model_name, block_size=block_size,
                dtype=dtype, policy=policy, prefill=prefill, decode=decode, registry=registry,
                ttft_slo=ttft_slo,
-               tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed)
+               tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed, api_key=api_key,
+               audit_log=audit_log)
+    tcfg = c.cluster_config(out, secret, secret_file)
     with c.stop_signals() as stop:
         svc: ConductorService | LocalCluster
         if local:
             p, d = parse_local(local)
             worker = load(WorkerConfig, "prefill", config or out.config_file,
                           kv_blocks=kv_blocks)
-            svc = LocalCluster(cfg, p, d, worker, c.transfer_config(out),
+            svc = LocalCluster(cfg, p, d, worker, tcfg,
                                progress=lambda text: out.event({"event": "started",
                                                                 "what": text}, text))
             conductor = svc.conductor
             assert conductor is not None
         else:
-            svc = conductor = ConductorService(cfg).start()
+            svc = conductor = ConductorService(cfg, tcfg.secret).start()
         try:
             name = conductor.conductor.model.name
             out.event({"event": "serving", "url": svc.url, "model": name,
-                       "policy": cfg.policy},
+                       "policy": cfg.policy, "auth": bool(tcfg.secret or local),
+                       "api_key": bool(cfg.api_key)},
                       f"conductor serving {name} on {svc.url}/v1 (policy {cfg.policy})")
             c.wait_for_signal(stop)
         finally:

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from mooncake_cli.auth import require_secret, resolve_secret
 from mooncake_cli.commands import common as c
 from mooncake_cli.commands.store_node import serve_ready
 from mooncake_cli.config import human_size, load
@@ -47,6 +48,7 @@ def master(
     port: int = typer.Option(None, "--port", help="RPC port (0 for any free port) "
                                                   "[default: 50051]."),
     secret: str = c.SECRET,
+    secret_file: str = c.SECRET_FILE,
     lease_ttl: float = typer.Option(None, "--lease-ttl",
                                     help="Seconds a get or exists protects an object from "
                                          "removal and eviction [default: 5]."),
@@ -80,10 +82,12 @@ def master(
     out: Out = ctx.obj
     if metrics_port is not None and not 0 <= metrics_port < 65536:
         raise ConfigError(f"--metrics-port {metrics_port} is out of range 0-65535")
-    cfg = store_config(out, host=host, port=port, secret=secret, lease_ttl=lease_ttl,
+    cfg = store_config(out, host=host, port=port, secret=resolve_secret(secret, secret_file)
+                       or None, lease_ttl=lease_ttl,
                        put_timeout=put_timeout, client_ttl=client_ttl,
                        high_watermark=high_watermark, eviction_ratio=eviction_ratio,
                        eviction=eviction, metrics_port=metrics_port, ha=ha)
+    require_secret(cfg.host, cfg.secret, "the store master")
     with c.stop_signals() as stop, MasterService(
             master_from(cfg), cfg.host, cfg.port, cfg.secret or None,
             metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port) as service:

@@ -35,13 +35,19 @@ CHUNK = _opt("--chunk-size", "chunk_size", "TOKENS")
 CONDUCTOR = _opt("--conductor", "conductor", "URL")
 NAME = _opt("--name", "name", "NAME")
 HEARTBEAT = _opt("--heartbeat", "heartbeat", "SECONDS")
+AUDIT = _opt("--audit-log", "audit_log", "FILE")
+SECRET = typer.Option(None, "--secret", envvar="MOONCAKE_SECRET", show_envvar=True,
+                      help="Cluster secret: every request to this worker but /health and "
+                           "/metrics must be signed with it, and the store and transfer "
+                           "connections prove it; required beyond loopback.")
 if TYPE_CHECKING:
     from mooncake_cli.worker.runtime import WorkerRuntime
 
 
-def _serve(out: Out, role: str, **flags: Any) -> None:
+def _serve(out: Out, role: str, secret: str | None, secret_file: str | None,
+           **flags: Any) -> None:
     cfg = load(WorkerConfig, role, out.config_file, role=role, **flags)
-    tcfg = c.transfer_config(out)
+    tcfg = c.cluster_config(out, secret, secret_file)
     from mooncake_cli.worker.decode import DecodeWorker
     from mooncake_cli.worker.prefill import PrefillWorker
 
@@ -71,15 +77,18 @@ def prefill(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype:
             store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
             advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
             chunk_size: int = CHUNK,
-            conductor: str = CONDUCTOR, name: str = NAME, heartbeat: float = HEARTBEAT) -> None:
+            conductor: str = CONDUCTOR, name: str = NAME, heartbeat: float = HEARTBEAT,
+            audit_log: str = AUDIT, secret: str = SECRET,
+            secret_file: str = c.SECRET_FILE) -> None:
     """Serve prefill: reuse stored prefix blocks, compute the rest in chunks, store new blocks
     and stream the KV to a decode worker (POST /v1/prefill)."""
-    _serve(ctx.obj, "prefill", model=model, device=device, dtype=dtype, threads=threads,
+    _serve(ctx.obj, "prefill", secret, secret_file, model=model, device=device, dtype=dtype,
+           threads=threads,
            store=store,
            segment_size=segment_size, listen=listen, advertise=advertise,
            block_size=block_size,
            kv_blocks=kv_blocks, chunk_size=chunk_size, conductor=conductor, name=name,
-           heartbeat=heartbeat)
+           heartbeat=heartbeat, audit_log=audit_log)
 
 
 def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: str = DTYPE,
@@ -87,13 +96,16 @@ def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: 
            store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
            advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
            chunk_size: int = CHUNK,
-           conductor: str = CONDUCTOR, name: str = NAME, heartbeat: float = HEARTBEAT) -> None:
+           conductor: str = CONDUCTOR, name: str = NAME, heartbeat: float = HEARTBEAT,
+           audit_log: str = AUDIT, secret: str = SECRET,
+           secret_file: str = c.SECRET_FILE) -> None:
     """Serve decode: KV reservations filled by prefill workers, continuous batching, tokens
     streamed as server-sent events (POST /v1/kv/reserve, /v1/generate, /v1/kv/release).
     With --store it contributes --segment-size of DRAM to the store's pool."""
-    _serve(ctx.obj, "decode", model=model, device=device, dtype=dtype, threads=threads,
+    _serve(ctx.obj, "decode", secret, secret_file, model=model, device=device, dtype=dtype,
+           threads=threads,
            store=store,
            segment_size=segment_size, listen=listen, advertise=advertise,
            block_size=block_size,
            kv_blocks=kv_blocks, chunk_size=chunk_size, conductor=conductor, name=name,
-           heartbeat=heartbeat)
+           heartbeat=heartbeat, audit_log=audit_log)

@@ -78,6 +78,10 @@ class ConductorConfig:
     max_connections: int = described(16384, "HTTP connections (and requests) at once; 503 "
                                             "beyond")
     idle_timeout: float = described(15.0, "seconds a keep-alive client connection may idle")
+    api_key: str = described("", "key the OpenAI API requires as 'Authorization: Bearer KEY' "
+                                 "(none: open)")
+    audit_log: str = described("", "JSONL file to append every registration, completion and "
+                                   "refused access to")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill", _urls(self.prefill, "prefill"))

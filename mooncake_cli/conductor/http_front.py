@@ -3,8 +3,12 @@
     POST /v1/completions, /v1/chat/completions    OpenAI-compatible (stream: SSE)
     GET  /v1/models                              the served model
     GET  /v1/instances                           the registry with each instance's load
-    POST /v1/instances/register, /deregister     worker heartbeats
+    POST /v1/instances/register, /deregister     worker heartbeats (a name stays its first
+                                                 registrant's: `Identities`)
     GET  /health, /metrics
+
+`OPENAI` are the paths an --api-key guards; the others but /health and /metrics need the cluster
+secret (`mooncake_cli.auth.Gate`); `AUDITED` name the audit log's events.
 """
 
 from __future__ import annotations
@@ -18,24 +22,31 @@ from starlette.routing import Route
 from mooncake_cli.api import openai as oa
 from mooncake_cli.api import roles
 from mooncake_cli.api.schema import parse
-from mooncake_cli.asgi import body, sse, text_response
+from mooncake_cli.asgi import body, note, sse, text_response
+from mooncake_cli.conductor.identities import Identities
 from mooncake_cli.conductor.live import Conductor
 
+OPENAI = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+AUDITED = {"/v1/completions": "completion", "/v1/chat/completions": "completion",
+           "/v1/instances/register": "register", "/v1/instances/deregister": "deregister"}
 
-def routes(conductor: Conductor) -> list[Route]:
+
+def routes(conductor: Conductor, identities: Identities | None = None) -> list[Route]:
     c = conductor
+    ids = identities or Identities(c.instances)
 
-    async def answer(req: oa.Completion) -> Response:
+    async def answer(request: Request, req: oa.Completion) -> Response:
         result = await c.complete(req)
         if isinstance(result, dict):
+            note(request, request_id=result.get("id"), usage=result.get("usage"))
             return JSONResponse(result)
         return sse(result)
 
     async def completions(request: Request) -> Response:
-        return await answer(oa.parse_completion(await body(request)))
+        return await answer(request, oa.parse_completion(await body(request)))
 
     async def chat(request: Request) -> Response:
-        return await answer(oa.parse_chat(await body(request)))
+        return await answer(request, oa.parse_chat(await body(request)))
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -48,11 +59,20 @@ def routes(conductor: Conductor) -> list[Route]:
                              "instances": c.instances.snapshot()})
 
     async def register(request: Request) -> Response:
-        inst = c.instances.register(parse(roles.Registration, await body(request)))
+        reg = parse(roles.Registration, await body(request))
+        note(request, name=reg.name, instance_role=reg.role, url=reg.url)
+        ids.claim(reg.name, reg.token)
+        known = c.instances.get(reg.name)
+        if known is not None and (known.role, known.url) == (reg.role, reg.url.rstrip("/")) \
+                and not known.dead_reason:
+            note(request, heartbeat=True)  # a refresh: not a line of the audit log
+        inst = c.instances.register(reg)
         return JSONResponse({"registered": inst.name, "ttl": c.instances.ttl})
 
     async def deregister(request: Request) -> Response:
         leaving = parse(roles.Deregistration, await body(request))
+        note(request, name=leaving.name)
+        ids.release(leaving.name, leaving.token)
         return JSONResponse({"deregistered": c.instances.deregister(leaving.name)})
 
     async def health(request: Request) -> Response:

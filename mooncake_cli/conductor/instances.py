@@ -21,6 +21,7 @@ from mooncake_cli import jsonhttp
 from mooncake_cli.api.errors import ServingError, bad
 from mooncake_cli.api.roles import Registration
 from mooncake_cli.api.schema import validate
+from mooncake_cli.auth import Signer
 from mooncake_cli.conductor.state import Cluster
 
 log = logging.getLogger(__name__)
@@ -140,10 +141,10 @@ class Instances:
                                                    key=lambda i: (i.role, i.name))]
 
 
-def poll(url: str, timeout: float = 2.0) -> dict[str, Any]:
+def poll(url: str, timeout: float = 2.0, auth: Signer | None = None) -> dict[str, Any]:
     """A static worker's registration body, read from its /health and /v1/load."""
     health = jsonhttp.call(url + "/health", timeout=timeout)
-    load = jsonhttp.call(url + "/v1/load", timeout=timeout)
+    load = jsonhttp.call(url + "/v1/load", timeout=timeout, auth=auth)
     if health.status != 200 or load.status != 200:
         raise OSError(f"{url} answered {health.status}/{load.status}")
     return {"name": health.body.get("name"), "role": health.body.get("role"), "url": url,
@@ -153,8 +154,10 @@ def poll(url: str, timeout: float = 2.0) -> dict[str, Any]:
 class Poller:
     """Polls the static URLs and expires silent instances every `interval` seconds."""
 
-    def __init__(self, instances: Instances, urls: tuple[str, ...], interval: float) -> None:
+    def __init__(self, instances: Instances, urls: tuple[str, ...], interval: float,
+                 auth: Signer | None = None) -> None:
         self.instances, self.urls, self.interval = instances, urls, interval
+        self.auth = auth
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="conductor-poll")
 
@@ -166,7 +169,7 @@ class Poller:
     def poll_once(self) -> None:
         for url in self.urls:
             try:
-                self.instances.register(poll(url, timeout=self.interval * 2), static=True)
+                self.instances.register(poll(url, self.interval * 2, self.auth), static=True)
             except (OSError, ValueError, ServingError) as e:
                 log.debug("poll %s: %s", url, e)
         self.instances.expire()

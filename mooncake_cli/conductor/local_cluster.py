@@ -3,6 +3,10 @@
 A store master on a free loopback port, P prefill and D decode workers of the same model (each
 with its own KV cache, store segment and HTTP port), and the conductor in front of them. Closing
 stops the conductor first, then the workers (finishing what is in flight), then the master.
+
+Every role gets the one cluster secret: the transfer config's, or a fresh one (kept in memory),
+so no other process of this host can register workers, reserve or write KV memory, or put and
+remove blocks in the store. The workers append to the conductor's --audit-log.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from mooncake_cli.auth import new_secret
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config import TransferConfig
@@ -47,10 +52,14 @@ class LocalCluster:
         self.conductor: ConductorService | None = None
         base = worker or WorkerConfig()
         base = dataclasses.replace(base, model=cfg.model, dtype=cfg.dtype,
-                                   block_size=cfg.block_size, listen=f"{cfg.host}:0")
+                                   block_size=cfg.block_size, listen=f"{cfg.host}:0",
+                                   audit_log=base.audit_log or cfg.audit_log)
+        transfer = transfer or TransferConfig()
+        self.secret = transfer.secret or new_secret()
+        transfer = dataclasses.replace(transfer, secret=self.secret)
         try:
             store_cfg = StoreConfig()
-            self.master = MasterService(master_from(store_cfg), cfg.host, 0)
+            self.master = MasterService(master_from(store_cfg), cfg.host, 0, self.secret)
             self.master.__enter__()
             progress(f"store master at {self.master.address}")
             from mooncake_cli.worker.decode import DecodeWorker
@@ -68,7 +77,7 @@ class LocalCluster:
             urls = {r: tuple(w.url for w in self.workers if w.role == r)
                     for r in ("prefill", "decode")}
             ccfg = dataclasses.replace(cfg, prefill=urls["prefill"], decode=urls["decode"])
-            self.conductor = ConductorService(ccfg).start()
+            self.conductor = ConductorService(ccfg, self.secret).start()
         except BaseException:
             self.close()
             raise

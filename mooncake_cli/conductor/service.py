@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 
 from mooncake_cli.asgi import Limits, Server, edge_app
+from mooncake_cli.audit import AuditLog
+from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
 from mooncake_cli.conductor.etcd_registry import EtcdPoller
-from mooncake_cli.conductor.http_front import routes
+from mooncake_cli.conductor.http_front import AUDITED, OPENAI, routes
+from mooncake_cli.conductor.identities import Identities
 from mooncake_cli.conductor.instances import Instances, Poller
 from mooncake_cli.conductor.live import Conductor, ServedModel
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
@@ -57,8 +60,13 @@ def cost_model(cfg: ConductorConfig, ns: KVNamespace) -> CostModel:
 
 
 class ConductorService:
-    def __init__(self, cfg: ConductorConfig) -> None:
+    """`secret`, the cluster secret, guards the internal endpoints and signs the requests to
+    the workers; refused beyond loopback without one (`mooncake_cli.auth.require_secret`)."""
+
+    def __init__(self, cfg: ConductorConfig, secret: str = "") -> None:
         self.cfg = cfg
+        require_secret(cfg.host, secret, "the conductor")
+        auth = signer(secret)
         model = served_model(cfg)
         cost = cost_model(cfg, model.ns)
         cluster = Cluster(cost)
@@ -69,13 +77,16 @@ class ConductorService:
         metrics = ConductorMetrics(cluster.index.blocks)
         self.conductor = Conductor(model, scheduler, instances, metrics,
                                    retries=cfg.retries, timeout=cfg.request_timeout,
-                                   explain_path=cfg.explain)
-        self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval)
+                                   explain_path=cfg.explain, auth=auth)
+        self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval, auth)
         self.etcd: EtcdPoller | None = None
         if cfg.registry:
             self.etcd = EtcdPoller(instances, cfg.registry, cfg.poll_interval)
         limits = Limits(max_connections=cfg.max_connections, idle_timeout=cfg.idle_timeout)
-        self.app = edge_app(routes(self.conductor), limits)
+        self.audit = AuditLog.open(cfg.audit_log, "conductor")
+        self.app = edge_app(routes(self.conductor, Identities(instances)), limits,
+                            guard=Gate(secret, cfg.api_key, OPENAI), audit=self.audit,
+                            audited=AUDITED)
         self._http = Server(self.app, cfg.host, cfg.port, "conductor")
         self.url = f"http://{self._http.host}:{self._http.port}"
 
@@ -93,3 +104,5 @@ class ConductorService:
         if self.etcd is not None:
             self.etcd.close()
         self.conductor.close()
+        if self.audit is not None:
+            self.audit.close()

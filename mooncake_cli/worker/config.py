@@ -53,6 +53,8 @@ class WorkerConfig:
     max_waiting: int = described(256, "requests a worker queues before refusing more (503)")
     max_connections: int = described(4096, "HTTP connections (and requests) at once; 503 "
                                            "beyond")
+    audit_log: str = described("", "JSONL file to append every reservation, prefill, "
+                                   "generation and refused access to")
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

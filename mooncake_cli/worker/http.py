@@ -6,6 +6,8 @@
     POST /v1/generate                                decode (server-sent token events)
 
 Bodies are the `mooncake_cli.api.roles` messages; errors leave through `mooncake_cli.asgi`.
+All but /health and /metrics need the cluster secret (when the worker has one); `AUDITED`
+name the audit log's events.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from starlette.routing import Route
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.schema import parse
-from mooncake_cli.asgi import body, sse, text_response
+from mooncake_cli.asgi import body, note, sse, text_response
 
 if TYPE_CHECKING:
     from mooncake_cli.worker.decode import DecodeWorker
     from mooncake_cli.worker.prefill import PrefillWorker
     from mooncake_cli.worker.runtime import WorkerRuntime
 
+AUDITED = {"/v1/prefill": "prefill", "/v1/kv/reserve": "reserve", "/v1/kv/release": "release",
+           "/v1/generate": "generate"}
 
 def _json(message: Any) -> Response:
     data = message.model_dump(mode="json") if hasattr(message, "model_dump") else message
@@ -64,7 +68,12 @@ def prefill_routes(w: PrefillWorker) -> list[Route]:
     async def prefill(request: Request) -> Response:
         _refuse_when_draining(w)
         req = parse(roles.PrefillRequest, await body(request))
-        return _json(await w.prefill(req))
+        note(request, request_id=req.request_id, decode=req.decode)
+        answer = await w.prefill(req)
+        note(request, prompt_tokens=answer.prompt_tokens, cached_tokens=answer.cached_tokens,
+             kv_bytes=w.cache.blocks_for(answer.prompt_tokens) * w.ns.block_bytes
+             if req.decode else 0, transfer_s=answer.timing.transfer)
+        return _json(answer)
 
     return [*common_routes(w), Route("/v1/prefill", prefill, methods=["POST"])]
 
@@ -72,10 +81,16 @@ def prefill_routes(w: PrefillWorker) -> list[Route]:
 def decode_routes(w: DecodeWorker) -> list[Route]:
     async def reserve(request: Request) -> Response:
         _refuse_when_draining(w)
-        return _json(w.reserve(parse(roles.ReserveRequest, await body(request))))
+        req = parse(roles.ReserveRequest, await body(request))
+        note(request, request_id=req.request_id, num_tokens=req.num_tokens)
+        answer = w.reserve(req)
+        note(request, blocks=len(answer.block_ids))
+        return _json(answer)
 
     async def release(request: Request) -> Response:
-        return _json(w.release(parse(roles.ReleaseRequest, await body(request))))
+        req = parse(roles.ReleaseRequest, await body(request))
+        note(request, request_id=req.request_id)
+        return _json(w.release(req))
 
     async def generate(request: Request) -> Response:
         _refuse_when_draining(w)
@@ -85,6 +100,7 @@ def decode_routes(w: DecodeWorker) -> list[Route]:
         except ServingError:  # a request that cannot run gives its reserved blocks back
             w.forget(_request_id(raw))
             raise
+        note(request, request_id=req.request_id, prompt_tokens=len(req.token_ids))
         events = w.generate(req)
         if req.stream:
             return sse(events)

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError, peer_code
 from mooncake_cli.api.schema import validate
+from mooncake_cli.auth import Signer
 from mooncake_cli.interfaces import TransferError
 from mooncake_cli.jsonhttp import call
 from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
@@ -25,8 +26,10 @@ class KVStream:
 
     def __init__(self, engine: TransferEngine, region: Region, decode_url: str,
                  request_id: str, num_tokens: int, block_bytes: int, max_tokens: int,
-                 timeout: float = 30.0, num_blocks: int | None = None) -> None:
+                 timeout: float = 30.0, num_blocks: int | None = None,
+                 auth: Signer | None = None) -> None:
         self.engine = engine
+        self.auth = auth  # signs the reserve and release requests with the cluster secret
         self.region = region
         self.url = decode_url.rstrip("/")
         self.request_id = request_id
@@ -37,7 +40,7 @@ class KVStream:
         body = roles.ReserveRequest(request_id=request_id, num_tokens=num_tokens,
                                     max_tokens=max_tokens).model_dump()
         try:
-            answer = call(self.url + "/v1/kv/reserve", body, timeout=timeout)
+            answer = call(self.url + "/v1/kv/reserve", body, timeout=timeout, auth=auth)
         except (OSError, ValueError) as e:
             raise ServingError(ErrorCode.DECODE_UNREACHABLE,
                                f"decode worker {self.url} unreachable: {e}") from None
@@ -106,7 +109,8 @@ class KVStream:
         self._batches.clear()
         try:
             call(self.url + "/v1/kv/release",
-                 roles.ReleaseRequest(request_id=self.request_id).model_dump(), timeout=5.0)
+                 roles.ReleaseRequest(request_id=self.request_id).model_dump(), timeout=5.0,
+                 auth=self.auth)
         except (OSError, ValueError) as e:
             log.info("could not release reservation %s on %s: %s", self.request_id, self.url, e)
 

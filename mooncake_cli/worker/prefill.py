@@ -128,7 +128,8 @@ class PrefillWorker(WorkerRuntime):
                 stream = KVStream(self.engine, self.pool_region, job.decode_url,
                                   job.request_id, len(tokens), self.ns.block_bytes,
                                   seq.params.max_tokens,
-                                  num_blocks=self.cache.blocks_for(len(tokens)))
+                                  num_blocks=self.cache.blocks_for(len(tokens)),
+                                  auth=self.auth)
                 timing["transfer"] += time.perf_counter() - t
             keys = block_keys(tokens, self.ns)
             t = time.perf_counter()

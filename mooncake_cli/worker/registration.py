@@ -1,12 +1,18 @@
-"""Registration with a conductor: a heartbeat thread POSTing the worker's load; never fatal."""
+"""Registration with a conductor: a heartbeat thread POSTing the worker's load; never fatal.
+
+Each registration carries this registrar's random token: the conductor binds the worker's name
+to the first token it sees, so no other registrant can take the name over or deregister it.
+"""
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from mooncake_cli.auth import Signer
 from mooncake_cli.jsonhttp import call
 
 log = logging.getLogger("mooncake.worker")
@@ -14,14 +20,17 @@ log = logging.getLogger("mooncake.worker")
 
 class Registrar:
     """POST {conductor}/v1/instances/register with `payload()` every `interval` seconds; on
-    `close`, POST /v1/instances/deregister. Failures are logged (once per outage)."""
+    `close`, POST /v1/instances/deregister. Failures are logged (once per outage). Requests
+    are signed with `auth` (the cluster secret) when given."""
 
     def __init__(self, conductor: str, payload: Callable[[], dict[str, Any]],
-                 interval: float, timeout: float = 5.0) -> None:
+                 interval: float, timeout: float = 5.0, auth: Signer | None = None) -> None:
         self.conductor = conductor.rstrip("/")
         self.payload = payload
         self.interval = interval
         self.timeout = timeout
+        self.auth = auth
+        self.token = secrets.token_urlsafe(24)
         self.registered = 0  # successful registrations, for tests and logs
         self._failing = False
         self._stop = threading.Event()
@@ -34,7 +43,8 @@ class Registrar:
 
     def _post(self, path: str, body: dict[str, Any]) -> bool:
         try:
-            answer = call(self.conductor + path, body, timeout=self.timeout)
+            answer = call(self.conductor + path, {**body, "token": self.token},
+                          timeout=self.timeout, auth=self.auth)
         except OSError as e:
             problem = f"cannot reach conductor {self.conductor}: {e}"
         else:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.routing import Route
 
 from mooncake_cli.asgi import Limits, Server, edge_app
+from mooncake_cli.audit import AuditLog
+from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.engine import KVCache, ModelRunner, load_model
 from mooncake_cli.engine.kvcache import BlockAllocator
@@ -19,6 +21,7 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.hostinfo import hostname
 from mooncake_cli.worker.config import WorkerConfig, split_listen
+from mooncake_cli.worker.http import AUDITED
 from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.registration import Registrar
 
@@ -47,7 +50,9 @@ class LockedAllocator(BlockAllocator):
 class WorkerRuntime:
     """Loads everything at construction (binding the HTTP port); `start` serves, `close` stops.
 
-    Subclasses set `role`, and implement `routes()`, `load()` and `drain()`."""
+    Subclasses set `role`, and implement `routes()`, `load()` and `drain()`. The transfer
+    config's secret is the cluster secret: the HTTP edge requires it of every request but
+    /health and /metrics, and the worker signs its own requests with it (`auth`)."""
 
     role = ""
 
@@ -55,6 +60,9 @@ class WorkerRuntime:
                  registry: Registry | None = None) -> None:
         self.cfg = cfg
         self.draining = threading.Event()
+        secret = (transfer or TransferConfig()).secret
+        require_secret(split_listen(cfg.listen)[0], secret, f"the {self.role} worker")
+        self.auth = signer(secret)
         if cfg.threads:
             import torch
 
@@ -74,7 +82,9 @@ class WorkerRuntime:
                                            * self.ns.block_bytes),
             "kv_capacity_bytes": lambda: float(self.cache.num_blocks * self.ns.block_bytes)})
         host, port = split_listen(cfg.listen)
-        self.app = edge_app(self.routes(), Limits(max_connections=cfg.max_connections))
+        self.audit = AuditLog.open(cfg.audit_log, self.role)
+        self.app = edge_app(self.routes(), Limits(max_connections=cfg.max_connections),
+                            guard=Gate(secret), audit=self.audit, audited=AUDITED)
         self.http = Server(self.app, host, port, f"mooncake-{self.role}-http")
         reach = cfg.advertise or (host if host not in ("0.0.0.0", "::", "") else hostname())
         self.url = f"http://{reach if ':' not in reach else f'[{reach}]'}:{self.http.port}"
@@ -132,7 +142,7 @@ class WorkerRuntime:
                                             self.cfg.heartbeat).start()
         elif self.cfg.conductor:
             self._registrar = Registrar(self.cfg.conductor, self.registration,
-                                        self.cfg.heartbeat).start()
+                                        self.cfg.heartbeat, auth=self.auth).start()
         return self
 
     def drain(self, timeout: float) -> None:
@@ -159,6 +169,9 @@ class WorkerRuntime:
             self.engine.close()
             self.engine = None
         self.http.close()
+        if self.audit is not None:
+            self.audit.close()
+            self.audit = None
 
     def __enter__(self) -> WorkerRuntime:
         return self.start()
