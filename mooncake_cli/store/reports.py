@@ -10,13 +10,21 @@ simply sent again. A journal starts at the client's first poll with a snapshot o
 segment holds then (`reset`: the client replaces what it knew); changes to one slot (key,
 offset) are coalesced, so a journal never holds more than one entry per slot. Not thread-safe:
 the master's lock guards it.
+
+Durable acknowledgements (store/ha/acks.py): a journal also remembers what its client has
+acknowledged (`acked`), and `collect()` gathers, in the calling thread, the (journal, seq)
+marks the changes made meanwhile produced, so a put or remove is answered only once the owner of
+every replica it touched has taken in the change (and would re-register it, or not, after a
+failover).
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from mooncake_cli.store.master.placement import SegmentTable
@@ -78,6 +86,7 @@ class Journal:
     def __init__(self) -> None:
         self.epoch = uuid.uuid4().hex
         self.seq = 1  # 1: the reset itself; a client that acknowledged it has the snapshot
+        self.acked = 0  # the last sequence number the client acknowledged of this journal
         self._entries: OrderedDict[tuple[str, int], tuple[int, Held | Gone]] = OrderedDict()
 
     def note(self, change: Held | Gone) -> None:
@@ -89,6 +98,7 @@ class Journal:
     def report(self, epoch: str, ack: int) -> HoldingsReport:
         if epoch != self.epoch:
             ack = 0  # the client never saw this journal: all of it again
+        self.acked = max(self.acked, min(ack, self.seq))
         while self._entries:
             slot, (seq, _) = next(iter(self._entries.items()))
             if seq > ack:
@@ -117,6 +127,7 @@ class ReportBook:
     def __init__(self, segments: SegmentTable) -> None:
         self._segments = segments
         self._journals: dict[str, Journal] = {}
+        self._marks = threading.local()  # .found: {journal id: (journal, seq)} while collecting
 
     def note(self, old: ObjectMeta | None, new: ObjectMeta | None) -> None:
         """An object changed from `old` to `new` (None: absent): journal its DRAM replicas."""
@@ -126,9 +137,51 @@ class ReportBook:
         for slot, r in before.items():
             if slot not in after and old is not None and (j := self._owner(r)) is not None:
                 j.note(Gone(old.key, r.offset))
+                self._mark(j)
         for slot, r in after.items():
             if slot not in before and new is not None and (j := self._owner(r)) is not None:
                 j.note(Held(new.key, r, new.config))
+                self._mark(j)
+
+    def _mark(self, journal: Journal) -> None:
+        found = getattr(self._marks, "found", None)
+        if found is not None:
+            found[id(journal)] = (journal, journal.seq)
+
+    @contextmanager
+    def collect(self) -> Iterator[list[tuple[Journal, int]]]:
+        """The (journal, seq) marks of the changes noted by this thread inside the block
+        (filled in when it ends)."""
+        marks: list[tuple[Journal, int]] = []
+        self._marks.found = {}
+        try:
+            yield marks
+        finally:
+            marks.extend(self._marks.found.values())
+            self._marks.found = None
+
+    def confirmed(self, journal: Journal, seq: int) -> bool:
+        """Whether the client of `journal` acknowledged up to `seq`, or left (its journal was
+        dropped: its segment, and the replicas on it, are gone anyway)."""
+        return journal.acked >= seq or all(j is not journal for j in self._journals.values())
+
+    def news(self, client_id: str, upto: int) -> bool:
+        """Whether `client_id`'s journal has changes after `upto`, or is gone or replaced."""
+        journal = self._journals.get(client_id)
+        return journal is None or journal.seq > upto
+
+    def open(self, client_id: str, objects: Iterable[ObjectMeta]) -> Journal:
+        """The journal of `client_id`, started (with a snapshot of every complete DRAM replica
+        its segments hold) when it has none."""
+        journal = self._journals.get(client_id)
+        if journal is None:
+            journal = self._journals[client_id] = Journal()
+            for meta in objects:
+                for r in _dram(meta).values():
+                    seg = self._segments.locate(r)
+                    if seg is not None and seg.client_id == client_id:
+                        journal.note(Held(meta.key, r, meta.config))
+        return journal
 
     def _owner(self, r: Replica) -> Journal | None:
         seg = self._segments.locate(r)
@@ -138,15 +191,7 @@ class ReportBook:
                objects: Iterable[ObjectMeta]) -> HoldingsReport:
         """The changes for `client_id` after `ack`; its first poll starts its journal with a
         snapshot of every complete DRAM replica its segments hold."""
-        journal = self._journals.get(client_id)
-        if journal is None:
-            journal = self._journals[client_id] = Journal()
-            for meta in objects:
-                for r in _dram(meta).values():
-                    seg = self._segments.locate(r)
-                    if seg is not None and seg.client_id == client_id:
-                        journal.note(Held(meta.key, r, meta.config))
-        return journal.report(epoch, ack)
+        return self.open(client_id, objects).report(epoch, ack)
 
     def drop(self, client_id: str) -> None:
         """Forget the journal of a client that left (its next poll starts a new one)."""

@@ -22,6 +22,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -30,6 +31,7 @@ import zmq
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.ha.acks import Acks, Pending
 from mooncake_cli.store.ha.leader import LeaderInfo, NotLeader
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.metrics import MetricsServer
@@ -44,12 +46,14 @@ class MasterService:
 
     def __init__(self, master: StoreMaster, host: str = "127.0.0.1", port: int = 50051,
                  secret: str | None = None, tick_interval: float = 1.0,
-                 metrics_port: int | None = None) -> None:
+                 metrics_port: int | None = None, starting: bool = False) -> None:
         self.master = master
         # HA (election.HaMaster sets these): while `standby` is set, every request but
-        # who_leads is refused with NotLeader(standby()); `leader` answers who_leads
-        self.standby: Callable[[], str] | None = None
+        # who_leads is refused with NotLeader(standby()); `leader` answers who_leads.
+        # `starting`: refuse ("not ready, retry") until HaMaster takes over
+        self.standby: Callable[[], str] | None = self._not_ready if starting else None
         self.leader: Callable[[], LeaderInfo] = lambda: LeaderInfo(self.address)
+        self.acks = Acks()  # held answers: long polls, and durable puts/removes under HA
         self._secret = secret.encode() if secret else None
         self._tick_interval = tick_interval
         self._ctx = zmq.Context()
@@ -89,29 +93,57 @@ class MasterService:
         self.lane = serve_lane(self.address, self.handle, self._secret)  # same-host fast path
 
     # -- serving ---------------------------------------------------------------------------------
+    def _not_ready(self) -> str:
+        return f"store master {self.address} is starting: not ready, retry"
+
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self.acks.fileno(), zmq.POLLIN)
+        held: list[tuple[list[bytes], Pending]] = []  # (ident + delimiter, answer held back)
         while not self._stop.is_set():
-            if not poller.poll(100):
-                continue
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                continue
-            ident, rest = frames[:1], frames[1:]
-            delim = [b""] if len(rest) > 1 and rest[0] == b"" else []  # a REQ peer's
-            body = self.handle(rest[len(delim):])
-            out = [*ident, *delim, body]
-            if self._secret is not None:
-                out.append(protocol.mac(self._secret, body))
-            try:
-                self._sock.send_multipart(out, zmq.NOBLOCK)
-            except zmq.ZMQError as e:  # the peer went away: nothing to answer
-                log.debug("reply dropped: %s", e)
+            wait = min([100.0, *((h.deadline - time.monotonic()) * 1000 for _, h in held)])
+            events = dict(poller.poll(max(0, int(wait))))
+            if self.acks.fileno() in events:
+                self.acks.drain()
+            if events.get(self._sock):
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    frames = []
+                if frames:
+                    ident, rest = frames[:1], frames[1:]
+                    delim = [b""] if len(rest) > 1 and rest[0] == b"" else []  # a REQ peer's
+                    answer = self.answer(rest[len(delim):])
+                    if isinstance(answer, Pending):
+                        held.append(([*ident, *delim], answer))
+                    else:
+                        self._send([*ident, *delim], answer)
+            now, still = time.monotonic(), []
+            for to, h in held:
+                if h.ready() or now >= h.deadline:
+                    self._send(to, protocol.encode(h.reply()))
+                else:
+                    still.append((to, h))
+            held = still
+
+    def _send(self, to: list[bytes], body: bytes) -> None:
+        out = [*to, body]
+        if self._secret is not None:
+            out.append(protocol.mac(self._secret, body))
+        try:
+            self._sock.send_multipart(out, zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # the peer went away: nothing to answer
+            log.debug("reply dropped: %s", e)
 
     def handle(self, frames: list[bytes]) -> bytes:
-        """The encoded reply to one request ([body] or [body, mac]); never raises."""
+        """The encoded reply to one request ([body] or [body, mac]), waiting in this thread
+        for an answer held back (acks.py); never raises."""
+        answer = self.answer(frames)
+        return answer if isinstance(answer, bytes) else protocol.encode(self.acks.block(answer))
+
+    def answer(self, frames: list[bytes]) -> bytes | Pending:
+        """The encoded reply to one request, or the Pending answer held back; never raises."""
         try:
             if len(frames) not in (1, 2):
                 raise StoreError(f"a request is 1 or 2 frames, not {len(frames)}",
@@ -128,7 +160,10 @@ class MasterService:
             elif refusal is not None:
                 raise NotLeader(refusal())
             else:
-                reply = protocol.run(self.master, request)
+                answer = self.acks.run(lambda: self.master, request)
+                if isinstance(answer, Pending):
+                    return answer
+                reply = answer
         except StoreError as e:
             reply = protocol.error(e)
         except Exception as e:  # a bug must not take the master down
@@ -159,6 +194,7 @@ class MasterService:
             t.join(timeout=5)
         self._sock.close()
         self._ctx.term()
+        self.acks.close()
 
     def __enter__(self) -> MasterService:
         return self
@@ -200,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         service = MasterService(master, cfg.host, cfg.port, cfg.secret or None,
-                                metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port)
+                                metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port,
+                                starting=bool(cfg.ha))
     except StoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -3,9 +3,11 @@ master's reports, and when the master has forgotten it (restarted, or a new HA l
 its segment again and re-registers every replica the segment still holds (checksums verified),
 whoever put them, so the master's index is rebuilt from the data in the cluster.
 
-A replica removed or evicted less than one heartbeat before the master dies may be registered
-again (its removal had not reached the owner): its bytes are intact and verified, so a reader
-gets the old value, never wrong bytes.
+The poll is a long poll (`beat(wait)`): the master holds it until there is news for this
+client, so an HA master learns within one round trip that the owner has taken in a put or a
+remove, and only then acknowledges it to the writer (store/ha/acks.py). A replica evicted just
+before the master dies may still be registered again (evictions are not waited for): its bytes
+are intact and verified, so a reader gets the old value, never wrong bytes.
 """
 
 from __future__ import annotations
@@ -41,20 +43,23 @@ class HoldingsKeeper:
         self._after_mount = after_mount
         self._lock = threading.Lock()  # the heartbeat thread and a leader switch never overlap
 
-    def beat(self) -> None:
-        """One heartbeat; a re-mount when the master does not know the client."""
+    def beat(self, wait: float = 0.0) -> bool:
+        """One heartbeat, held by the master up to `wait` s until news comes; a re-mount when
+        the master does not know the client. Whether anything was learnt or re-mounted."""
         with self._lock:
             if self.segment is None:  # no DRAM segment; an SSD one mounts again if forgotten
                 if not self.conn.call(p.Heartbeat(self.client_id), bool):
                     self._after_mount()
-                return
+                    return True
+                return False
             h = self.holdings
             report: HoldingsReport = self.conn.call(
-                p.PollHoldings(self.client_id, h.epoch, h.ack), HoldingsReport)
+                p.PollHoldings(self.client_id, h.epoch, h.ack, wait), HoldingsReport)
             if report.known:
                 h.apply(report)
-            else:
-                self._remount(self.segment)
+                return bool(report.reset or report.added or report.removed)
+            self._remount(self.segment)
+            return True
 
     def _remount(self, segment: Segment) -> None:
         log.info("master does not know client %s: re-mounting", self.client_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
 log = logging.getLogger("mooncake.store")
+LONG_POLL = 0.4  # seconds the master may hold a heartbeat (under the rpc's 0.5 s etcd checks)
 
 
 class StoreClient:
@@ -100,13 +102,23 @@ class StoreClient:
 
     # -- liveness --------------------------------------------------------------------------------
     def _heartbeat(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+        """Long polls, one after the other (the master holds each until news, up to LONG_POLL
+        s), so the owner confirms a change at once; `interval` s apart with a master that
+        answers at once."""
+        wait, pause = min(interval, LONG_POLL), interval
+        while not self._stop.wait(pause):
+            sent = time.monotonic()
             try:
-                self.keeper.beat()
+                news = self.keeper.beat(wait if self.segment is not None else 0.0)
             except StoreError as e:
                 log.warning("store heartbeat: %s", e)
+                news = False
             except Exception:  # the heartbeat must outlive any one bad round
                 log.exception("store heartbeat")
+                news = False
+            took = time.monotonic() - sent
+            held = wait > 0 and took >= wait / 2  # the master holds polls: poll again at once
+            pause = 0.0 if news or held else max(0.0, interval - took)
 
     def _new_leader(self, address: str) -> None:
         """An HA failover: make the new leader know us before our request is sent again."""

@@ -14,7 +14,9 @@ takes over; a leader closed cleanly revokes its lease, and a standby takes over 
 
 While standing by, the service answers every request with NotLeader naming the leader, so a
 client that reached it re-resolves; each term starts from an empty StoreMaster that the clients
-refill by mounting their segments again and re-registering the objects they hold.
+refill by mounting their segments again and re-registering the objects they hold. A leader
+acknowledges puts and removes only once the owners of the replicas have them (acks.py), so that
+refill misses no acknowledged object and brings back no removed one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from mooncake_cli.store.errors import RpcFailed
+from mooncake_cli.store.ha.acks import WARM_UP, Acks
 from mooncake_cli.store.ha.leader import Etcd, HaAddress, LeaderInfo
 from mooncake_cli.store.master import StoreMaster
 
@@ -128,6 +131,7 @@ class Standby(Protocol):
     address: str
     standby: Callable[[], str] | None
     leader: Callable[[], LeaderInfo]
+    acks: Acks
 
 
 class HaMaster:
@@ -139,15 +143,20 @@ class HaMaster:
         self.service = service
         self._fresh = fresh
         self._on_change = on_change
+        self.election: Election | None = None  # until it exists, answers say "not ready"
         service.standby = self.refusal
         service.leader = self.leader
+        service.acks.durable = True
         self.election = Election(url, service.address, self._changed, ttl)
 
     def leader(self) -> LeaderInfo:
         """The leader as this master knows it (address "" while nobody leads)."""
-        return self.election.leader or LeaderInfo("", 0, "", True)
+        known = self.election.leader if self.election is not None else None
+        return known or LeaderInfo("", 0, "", True)
 
     def refusal(self) -> str:
+        if self.election is None:
+            return f"store master {self.service.address} is starting: not ready, retry"
         known = self.election.leader
         if known is None or known.address == self.service.address:
             return (f"store master {self.service.address} is a standby, not the leader; "
@@ -158,6 +167,7 @@ class HaMaster:
     def _changed(self, leading: bool, info: LeaderInfo | None) -> None:
         if leading:
             self.service.master = self._fresh()
+            self.service.acks.warm_until = time.monotonic() + WARM_UP
             self.service.standby = None
         else:
             self.service.standby = self.refusal
@@ -167,7 +177,8 @@ class HaMaster:
 
     def close(self) -> None:
         self.service.standby = self.refusal
-        self.election.close()
+        if self.election is not None:
+            self.election.close()
 
 
 def _b64(text: str) -> str:

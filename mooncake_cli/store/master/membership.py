@@ -30,6 +30,8 @@ class Membership:
         with self.state.lock:
             added = self.state.segments.mount(segment)
             self.state.clients[segment.client_id] = self.state.now()
+            if segment.tier == "dram":  # its owner's journal from now on (durable acks)
+                self.state.reports.open(segment.client_id, self.state.objects.values())
             return added
 
     def unmount_segment(self, name: str, base: int | None = None) -> tuple[str, ...]:

@@ -271,11 +271,13 @@ class BatchAddReplicaRevoke(_Req, tag="batch_add_replica_revoke"):
 
 class PollHoldings(_Req, tag="poll_holdings"):
     """A client's heartbeat that also fetches what changed in its DRAM segment since `ack` of
-    journal `epoch` (store/reports.py); answers a HoldingsReport."""
+    journal `epoch` (store/reports.py); answers a HoldingsReport. With `wait` > 0 the master
+    may hold an empty answer up to `wait` seconds, until a change comes (a long poll)."""
 
     client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
     epoch: Annotated[str, msgspec.Meta(max_length=64)] = ""
     ack: Annotated[int, msgspec.Meta(ge=0)] = 0
+    wait: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.0
 
     def call(self, m: StoreMaster) -> HoldingsReport:
         return m.poll_holdings(self.client_id, self.epoch, self.ack)

@@ -1,0 +1,177 @@
+"""Durable acknowledgements of an HA master: a put or a remove is answered only once the owner
+of every replica it touched has taken in the change, so a new leader, rebuilt from the owners'
+holdings (master/rebuild.py), knows every acknowledged object and none that was removed.
+
+How: while a PutEnd / BatchPutEnd / Remove / BatchRemove / RemoveAll runs, the holdings
+journals (reports.py) collect the (journal, seq) marks of the owners it touched; the answer is
+held (a `Pending`) until each owner acknowledged its mark with its next PollHoldings. Owners
+long-poll (PollHoldings.wait): an empty poll is held until a change for them comes, so the cost
+of a durable answer is one master -> owner -> master round trip, shared by every change that
+arrives meanwhile (the owner takes them all in one report). An owner that does not confirm
+within DURABLE_TIMEOUT gets the writer an error; a leader that lost its term meanwhile answers
+NotLeader, and the client sends the request again to the new leader.
+
+A leader in its first WARM_UP seconds is still being refilled by the owners: a read that misses
+answers NotLeader ("not ready, retry") rather than ObjectNotFound, and the client retries.
+
+    acks = Acks()
+    answer = acks.run(lambda: service.master, request)   # a Reply, or a Pending
+    reply = answer if isinstance(answer, Reply) else acks.block(answer)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.ha.leader import NotLeader
+from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.wire import protocol as p
+
+DURABLE_TIMEOUT = 2.0  # seconds an owner has to confirm a change (below clients' timeouts)
+MAX_POLL_WAIT = 2.0  # the longest a PollHoldings is held
+WARM_UP = 1.0  # seconds a new leader answers misses with "not ready, retry"
+DURABLE = (p.PutEnd, p.BatchPutEnd, p.Remove, p.BatchRemove, p.RemoveAll)
+READS = (p.GetReplicaList, p.BatchGetReplicaList, p.Exists, p.BatchExists, p.Describe,
+         p.BatchDescribe)
+_FALSE = msgspec.msgpack.encode(False)
+
+
+@dataclass
+class Pending:
+    """An answer held back: sent once `ready()`, or at `deadline` (time.monotonic())."""
+
+    ready: Callable[[], bool]
+    reply: Callable[[], p.Reply]  # the answer to send (when ready, or at the deadline)
+    deadline: float
+
+
+class Acks:
+    """Held answers of one MasterService. `durable` (set by HaMaster) turns durable puts and
+    removes on; long polls are held either way. `fileno()` becomes readable after `poke()`."""
+
+    def __init__(self, timeout: float = DURABLE_TIMEOUT) -> None:
+        self.durable = False
+        self.timeout = timeout
+        self.warm_until = 0.0  # time.monotonic() until which misses answer "not ready"
+        self._cond = threading.Condition()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+
+    def run(self, current: Callable[[], StoreMaster], request: p.Request) -> p.Reply | Pending:
+        """Run `request` on `current()`: its reply, or a Pending to answer later."""
+        master = current()
+        if isinstance(request, p.PollHoldings) and request.wait > 0:
+            return self._poll(current, master, request)
+        if not (self.durable and isinstance(request, DURABLE)):
+            reply = p.run(master, request)
+            if isinstance(request, p.PollHoldings):
+                self.poke()  # an owner's acknowledgement: held answers may be ready
+            elif isinstance(request, READS) and time.monotonic() < self.warm_until \
+                    and _missing(request, reply):
+                return p.error(NotLeader("the store leader was just elected and is rebuilding "
+                                         "its index from the clients: not ready, retry"))
+            return reply
+        book = master.state.reports
+        with book.collect() as marks:
+            reply = p.run(master, request)
+        if not marks:
+            return reply
+        self.poke()  # the owners' held polls have news
+
+        def ready() -> bool:
+            with master.state.lock:
+                return current() is not master or all(book.confirmed(j, s) for j, s in marks)
+
+        def answer() -> p.Reply:
+            if current() is not master:
+                return p.error(NotLeader("this master lost the leadership before the owners "
+                                         "confirmed the change: retry with the new leader"))
+            if ready():
+                return reply
+            return p.error(StoreError(f"{type(request).__name__}: the owner of a replica did "
+                                      f"not confirm the change within {self.timeout:g} s; it "
+                                      f"may not survive a failover of the master",
+                                      ErrorCode.RPC_FAIL))
+        return Pending(ready, answer, time.monotonic() + self.timeout)
+
+    def _poll(self, current: Callable[[], StoreMaster], master: StoreMaster,
+              request: p.PollHoldings) -> p.Reply | Pending:
+        try:
+            report = master.poll_holdings(request.client_id, request.epoch, request.ack)
+        except StoreError as e:
+            return p.error(e)
+        self.poke()
+        if not report.known or report.reset or report.added or report.removed:
+            return p.ok(report)
+        again = p.PollHoldings(request.client_id, request.epoch, request.ack)
+        book = master.state.reports
+
+        def ready() -> bool:
+            if current() is not master:
+                return True
+            if not self.durable:
+                return False  # nothing waits on this owner: answer at the deadline
+            with master.state.lock:
+                return book.news(request.client_id, report.upto)
+        return Pending(ready, lambda: p.run(current(), again),
+                       time.monotonic() + min(request.wait, MAX_POLL_WAIT))
+
+    def block(self, pending: Pending) -> p.Reply:
+        """Wait in this thread until `pending` is ready or due; its reply."""
+        with self._cond:
+            while not pending.ready():
+                left = pending.deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.25))
+        return pending.reply()
+
+    def poke(self) -> None:
+        """Something held may be ready now: wake the waiters and the zmq loop."""
+        with self._cond:
+            self._cond.notify_all()
+        try:
+            os.write(self._w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is awake anyway
+
+    def fileno(self) -> int:
+        return self._r
+
+    def drain(self) -> None:
+        try:
+            while os.read(self._r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _missing(request: p.Request, reply: p.Reply) -> bool:
+    """Whether a read's reply says a key is absent (not found, or exists False)."""
+    if not reply.ok:
+        return reply.code == ErrorCode.OBJECT_NOT_FOUND
+    if isinstance(request, p.Exists):
+        return bytes(reply.result) == _FALSE
+    if isinstance(request, (p.BatchGetReplicaList, p.BatchExists, p.BatchDescribe)):
+        try:
+            items = msgspec.msgpack.decode(reply.result, type=list[p.Reply])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        return any(not i.ok and i.code == ErrorCode.OBJECT_NOT_FOUND
+                   or bytes(i.result) == _FALSE for i in items)
+    return False
