@@ -21,8 +21,9 @@ from collections.abc import Callable
 from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer import wire
 from mooncake_cli.transfer.capability import Grants
-from mooncake_cli.transfer.gate import Entry, Gate, Served
+from mooncake_cli.transfer.gate import Gate
 from mooncake_cli.transfer.segment import Region, Segment
+from mooncake_cli.transfer.served import Entry, Served
 
 log = logging.getLogger("mooncake.transfer.server")
 

@@ -6,6 +6,12 @@ on the abstract Unix socket `@mooncake-store/HOST:PORT`; a client asking HOST:PO
 name first, so it only ever reaches the master the address names (on the same host and network
 namespace: the name exists only where that master runs) and falls back to zmq otherwise.
 
+A connection first meets the transfer engine's handshake (a `Gate`, magic b"MCS"): with a
+secret the client proves it before it may send a single frame, so nobody else gets a byte of
+the master's memory; at most MAX_LANES connections are served (the longest idle closed for a
+newcomer), each closed after IDLE_TIMEOUT seconds without a request, and a body is read as it
+arrives (a header announcing a large body allocates nothing by itself).
+
 Framing, both ways: a header of two u32 (body length, MAC length), the body, the MAC (the
 HMAC-SHA256 of the body when the master has a secret, as on zmq). Requests are served one at a
 time per connection by `handle` (MasterService.handle: it never raises).
@@ -15,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -24,107 +29,16 @@ from typing import Any
 from mooncake_cli.store.errors import RpcFailed, StoreError
 from mooncake_cli.store.ha.leader import NOT_LEADER
 from mooncake_cli.store.wire import protocol
+from mooncake_cli.store.wire.lane_frames import HEADER, MAGIC, lane_name
+from mooncake_cli.store.wire.lane_frames import read_frames as _read
+from mooncake_cli.store.wire.lane_frames import recv as _recv
+from mooncake_cli.store.wire.lane_frames import send_frames as _send
+from mooncake_cli.store.wire.lane_server import LaneServer, serve_lane
 from mooncake_cli.store.wire.rpc import decode_signed
+from mooncake_cli.transfer import wire
 
+__all__ = ["HEADER", "AnswerLost", "Lane", "LaneServer", "LaneSlot", "lane_name", "serve_lane"]
 log = logging.getLogger("mooncake.store")
-HEADER = struct.Struct("<II")
-
-
-def lane_name(address: str) -> str:
-    return f"\0mooncake-store/{address}"
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("closed")
-        got += k
-    return bytes(buf)
-
-
-def _read(sock: socket.socket) -> list[bytes]:
-    head = sock.recv(HEADER.size, socket.MSG_WAITALL)
-    if len(head) != HEADER.size:
-        raise ConnectionError("closed")
-    n, m = HEADER.unpack(head)
-    if n > protocol.MAX_MESSAGE or m > 64:
-        raise ConnectionError(f"a {n}-byte message is over the limit")
-    body = sock.recv(n, socket.MSG_WAITALL) if n else b""
-    if len(body) != n:
-        body += _recv(sock, n - len(body))
-    return [body] if not m else [body, _recv(sock, m)]
-
-
-def _send(sock: socket.socket, body: bytes, mac: bytes = b"") -> None:
-    sock.sendall(HEADER.pack(len(body), len(mac)) + body + mac)
-
-
-class LaneServer:
-    """Serves `handle(frames) -> reply body` on the lane of `address` (signed with `secret`)."""
-
-    def __init__(self, address: str, handle: Callable[[list[bytes]], bytes],
-                 secret: bytes | None) -> None:
-        self._handle, self._secret = handle, secret
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(lane_name(address))
-        self._sock.listen(64)
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._acceptor = threading.Thread(target=self._accept, name="mooncake-store-lane",
-                                          daemon=True)
-        self._acceptor.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
-            with self._lock:
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="mooncake-store-lane-conn",
-                             daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            while True:
-                body = self._handle(_read(conn))
-                _send(conn, body, protocol.mac(self._secret, body) if self._secret else b"")
-        except (OSError, ConnectionError) as e:
-            log.debug("store lane connection ends: %s", e)
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
-
-    def close(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept: the name is free after it
-        except OSError:
-            pass
-        self._sock.close()
-        if self._acceptor is not threading.current_thread():
-            self._acceptor.join(timeout=5)
-        with self._lock:
-            for c in list(self._conns):
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-def serve_lane(address: str, handle: Callable[[list[bytes]], bytes],
-               secret: bytes | None) -> LaneServer | None:
-    """A LaneServer for `address`, or None (logged) where Unix sockets or the name are not to
-    be had: clients then use zmq."""
-    try:
-        return LaneServer(address, handle, secret)
-    except (OSError, AttributeError) as e:
-        log.info("no same-host store lane for %s: %s", address, e)
-        return None
 
 
 class AnswerLost(RpcFailed):
@@ -143,10 +57,22 @@ class Lane:
         sock.settimeout(timeout)
         try:
             sock.connect(lane_name(address))
-        except OSError as e:
+            self._handshake(sock)
+        except (OSError, ConnectionError) as e:
             sock.close()
             raise RpcFailed(f"no store lane for {address}: {e}") from None
         self._sock: socket.socket | None = sock
+
+    def _handshake(self, sock: socket.socket) -> None:
+        magic, version, auth, nonce = wire.HELLO.unpack(_recv(sock, wire.HELLO.size))
+        if magic != MAGIC or version != wire.VERSION:
+            raise ConnectionError(f"not a store lane (magic {magic!r}, version {version})")
+        if auth:
+            if self._secret is None:
+                raise ConnectionError("the master requires a secret")
+            sock.sendall(wire.prove(self._secret.decode(), nonce))
+            if _recv(sock, 1) != b"\x00":
+                raise ConnectionError("the master refused our secret")
 
     def call(self, request: Any, kind: Any = None,
              meanwhile: Callable[[], None] | None = None) -> Any:
@@ -166,6 +92,7 @@ class Lane:
                 meanwhile()
             try:
                 reply = _read(sock)
+                assert reply is not None
             except (OSError, ConnectionError) as e:
                 self._sock = None
                 sock.close()

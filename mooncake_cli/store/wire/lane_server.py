@@ -1,0 +1,90 @@
+"""The master's side of the same-host lane (see fastlane.py): a `Gate` for the handshake, a
+bounded `Served` table, one thread per served connection."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+
+from mooncake_cli.store.wire import protocol
+from mooncake_cli.store.wire.lane_frames import (
+    IDLE_TIMEOUT,
+    IO_TIMEOUT,
+    MAGIC,
+    MAX_LANES,
+    lane_name,
+    read_frames,
+    send_frames,
+)
+from mooncake_cli.transfer import wire
+from mooncake_cli.transfer.gate import Gate
+from mooncake_cli.transfer.served import Entry, Served
+
+log = logging.getLogger("mooncake.store")
+
+
+class LaneServer:
+    """Serves `handle(frames) -> reply body` on the lane of `address` (signed with `secret`)."""
+
+    def __init__(self, address: str, handle: Callable[[list[bytes]], bytes],
+                 secret: bytes | None, max_lanes: int = MAX_LANES) -> None:
+        self._handle, self._secret = handle, secret
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(lane_name(address))
+            sock.listen(256)
+        except OSError:
+            sock.close()
+            raise
+        self.served = Served(max_lanes, max_lanes)
+        self.gate = Gate(sock, MAGIC, secret.decode() if secret else None, self._admit,
+                         max_pending=64, per_peer_pending=64, name="mooncake-store-lane")
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        entry = self.served.add(conn, peer)
+        if entry is None:
+            log.warning("refused a store lane connection: %d open, all busy", len(self.served))
+            conn.close()
+            return
+        threading.Thread(target=self._serve, args=(entry,), name="mooncake-store-lane-conn",
+                         daemon=True).start()
+
+    def _serve(self, entry: Entry) -> None:
+        conn = entry.conn
+        try:
+            wire.blocking_with_timeout(conn, IO_TIMEOUT)
+            while True:
+                frames = read_frames(conn, idle_ok=True)
+                if frames is None:
+                    if self.served.idle_for(entry) > IDLE_TIMEOUT:
+                        return
+                    continue
+                if not self.served.claim(entry):
+                    return
+                body = self._handle(frames)
+                send_frames(conn, body, protocol.mac(self._secret, body) if self._secret else b"")
+                self.served.release(entry)
+        except (OSError, ConnectionError) as e:
+            log.debug("store lane connection ends: %s", e)
+        finally:
+            self.served.remove(entry)
+            conn.close()
+
+    def close(self) -> None:
+        self.gate.close()  # the name is free once it returns
+        self.served.shutdown_all()
+
+
+def serve_lane(address: str, handle: Callable[[list[bytes]], bytes],
+               secret: bytes | None) -> LaneServer | None:
+    """A LaneServer for `address`, or None (logged) where Unix sockets or the name are not to
+    be had: clients then use zmq."""
+    try:
+        return LaneServer(address, handle, secret)
+    except (OSError, AttributeError) as e:
+        log.info("no same-host store lane for %s: %s", address, e)
+        return None
+
+
