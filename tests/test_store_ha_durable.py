@@ -6,6 +6,7 @@ batch put) returned; the new leader must serve every acknowledged object and non
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from mooncake_cli.config import TransferConfig
 from mooncake_cli.registry import Registry
 from mooncake_cli.store import StoreError
 from mooncake_cli.store.client import StoreClient
-from mooncake_cli.store.errors import ObjectNotFound
+from mooncake_cli.store.errors import ObjectHasLease, ObjectNotFound
 from mooncake_cli.store.leader import LeaderInfo, LeaderResolver
 from mooncake_cli.transfer.engine import TransferEngine
 
@@ -29,10 +30,10 @@ pytestmark = pytest.mark.timeout(60)
 class Cluster:
     """Two HA masters and two store nodes (32 MiB each) on one etcd cluster name."""
 
-    def __init__(self, etcd: str) -> None:
+    def __init__(self, etcd: str, *master_args: str) -> None:
         self.url = f"{etcd}/d{uuid.uuid4().hex[:8]}"
         self.procs: list[Proc] = []
-        self.masters = [self._start(start_ha_master, self.url) for _ in range(2)]
+        self.masters = [self._start(start_ha_master, self.url, *master_args) for _ in range(2)]
         self.resolver = LeaderResolver(self.url)
         wait_for(self.resolver.lookup, 15, what="a leader")
         self.nodes = [self._start(start_node, self.url, 32 << 20) for _ in range(2)]
@@ -106,20 +107,37 @@ def test_leader_killed_right_after_puts_returned(cluster: Cluster, client: Store
     for key, value in want.items():
         client.put(key, value)
     time.sleep(random.uniform(0.1, 0.5))
-    killed = time.monotonic()
     cluster.kill_leader()
     all_back(client, want, 10)
-    # every get works within 3 s of the kill (2 s of them are the etcd lease running out)
-    assert time.monotonic() - killed < 6
 
 
-def test_leader_killed_right_after_a_batch_put(cluster: Cluster, client: StoreClient) -> None:
-    want = values(64, 2)
-    keys = list(want)
-    assert client.batch_put(keys[:32], [want[k] for k in keys[:32]]) == [None] * 32
-    assert client.batch_put(keys[32:], [want[k] for k in keys[32:]]) == [None] * 32
-    cluster.kill_leader()
-    all_back(client, want, 10)
+def test_leader_killed_during_batch_puts(cluster: Cluster, client: StoreClient) -> None:
+    acked: dict[str, bytes] = {}
+    stop = threading.Event()
+
+    def writer() -> None:
+        for n in range(10_000):
+            if stop.is_set():
+                return
+            batch = values(16, 100 + n)
+            try:
+                out = client.batch_put(list(batch), list(batch.values()))
+            except StoreError:
+                continue  # nothing acknowledged
+            acked.update((k, v) for (k, v), err in zip(batch.items(), out, strict=True)
+                         if err is None)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        wait_for(lambda: len(acked) >= 48, 20, what="three batches put")
+        cluster.kill_leader()  # batches keep going: one is in flight at the kill, or close
+        before = len(acked)
+        wait_for(lambda: len(acked) >= before + 32, 20, what="batches put by the new leader")
+    finally:
+        stop.set()
+        thread.join(30)
+    all_back(client, dict(acked), 10)
 
 
 def test_leader_killed_right_after_a_remove(cluster: Cluster, client: StoreClient) -> None:
@@ -136,3 +154,48 @@ def test_leader_killed_right_after_a_remove(cluster: Cluster, client: StoreClien
     for key in removed:
         with pytest.raises(ObjectNotFound):
             client.get(key)
+
+
+def test_a_standby_leads_while_a_reader_holds_a_lease(etcd: str) -> None:
+    cluster = Cluster(etcd, "--lease-ttl", "3")
+    engine = TransferEngine(TransferConfig(timeout=3), Registry())
+    reader = StoreClient(cluster.url, engine, 0, timeout=5)
+    try:
+        want = values(8, 4)
+        for key, value in want.items():
+            reader.put(key, value)
+        key = next(iter(want))
+        replicas = reader.describe(key).replicas
+        assert reader.get(key) == want[key]  # the reader holds a lease of the first leader
+        cluster.kill_leader()
+        # listing grants no lease: wait until the owners refilled the new leader
+        wait_for(lambda: _listed(reader) == sorted(want), 10, what="the keys to be back")
+        # it honours the lease the old leader granted: a key learnt from its owner is leased
+        # for --lease-ttl from then, so it is not removed while the reader may still read it
+        with pytest.raises(ObjectHasLease):
+            reader.remove(key)
+        assert reader.describe(key).replicas == replicas  # same bytes, same place
+        assert reader.io.read_bytes(key, replicas) == want[key]  # the lease's replicas read
+        wait_for(lambda: _removed(reader, key), 10, what="the lease to run out")
+        with pytest.raises(ObjectNotFound):
+            reader.get(key)
+        assert readable(reader, want) == len(want) - 1
+    finally:
+        reader.close()
+        engine.close()
+        cluster.close()
+
+
+def _listed(client: StoreClient) -> list[str]:
+    try:
+        return client.list()
+    except StoreError:
+        return []
+
+
+def _removed(client: StoreClient, key: str) -> bool:
+    try:
+        client.remove(key)
+    except ObjectHasLease:
+        return False
+    return True

@@ -4,7 +4,9 @@ failover, each client mounts its segments again and re-announces the replicas th
 `poll_holdings` is the heartbeat of a client with a segment: it also tells it what completed in
 or left its DRAM segment, whoever put it (reports.py), so it re-registers every replica it
 holds, not only its own puts (`register_held`); `register_existing` joins re-announced complete
-replicas to what the master knows of a key, all or nothing.
+replicas to what the master knows of a key, all or nothing. A key it learns this way starts
+leased for `lease_ttl`, since a reader may hold a lease the old master granted (and reads
+its replicas meanwhile): it is neither removed without force nor evicted before that runs out.
 """
 
 from __future__ import annotations
@@ -98,8 +100,9 @@ class Rebuild:
             except StoreError:
                 st.segments.release_all(new)
                 raise
-            if meta is None:
-                meta = ObjectMeta(key, size, tuple(new), config or ReplicateConfig(), now, now)
+            if meta is None:  # leased as a get would be: a lease of the last master still holds
+                meta = ObjectMeta(key, size, tuple(new), config or ReplicateConfig(), now, now,
+                                  lease_until=now + st.lease_ttl)
             else:
                 meta = replace(meta, replicas=meta.replicas + tuple(new))
             return st.keep(meta)
