@@ -4,7 +4,9 @@ client, the instance registry, dead instances, metrics. (With live workers: test
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -153,10 +155,10 @@ def test_chat_uses_the_models_template(tmp_path) -> None:
         served_model(ConductorConfig(model=str(model)))
 
 
-def test_decode_side_failures_reroute_400_or_429() -> None:
+def test_decode_side_failures_reroute_400_or_wait() -> None:
     """A dead decode worker is marked and the request placed on another; a request that can
     never fit the decode worker's cache (the conductor's view of it being wrong) is 400
-    context_length_exceeded; one that fits but finds the cache held by others is 429."""
+    context_length_exceeded; one that fits but finds the cache held by others waits for it."""
     from mooncake_cli.worker.config import WorkerConfig
     from mooncake_cli.worker.decode import DecodeWorker
     from mooncake_cli.worker.prefill import PrefillWorker
@@ -165,8 +167,8 @@ def test_decode_side_failures_reroute_400_or_429() -> None:
     p = PrefillWorker(WorkerConfig(role="prefill", kv_blocks=64)).start()
     small = DecodeWorker(WorkerConfig(role="decode", kv_blocks=4)).start()
     try:
-        def register(name: str, role: str, url: str) -> None:
-            room = {"running": 0, "waiting": 0, "free_blocks": 4096, "total_blocks": 4096}
+        def register(name: str, role: str, url: str, free: int = 4096) -> None:
+            room = {"running": 0, "waiting": 0, "free_blocks": free, "total_blocks": 4096}
             assert jsonhttp.call(svc.url + "/v1/instances/register",
                                  {"name": name, "role": role, "url": url,
                                   "load": room}).status == 200
@@ -182,17 +184,19 @@ def test_decode_side_failures_reroute_400_or_429() -> None:
         alive = {i["name"]: i["alive"] for i in
                  jsonhttp.call(svc.url + "/v1/instances").body["instances"]}
         assert alive == {"p0": True, "d0": False, "d1": True}  # d0 was tried first, then d1
-        # the whole cache of d1 held by another request: a small one must come back later
-        held = jsonhttp.call(small.url + "/v1/kv/reserve",
-                             {"request_id": "other", "num_tokens": 64, "max_tokens": 0})
-        assert held.status == 200, held.body
+        # d1 reports its cache full: a small request waits until it reports room again
+        register("d1", "decode", small.url, free=0)
         small_req = {"model": "demo", "prompt": "y", "max_tokens": 4}
-        full = jsonhttp.call(svc.url + "/v1/completions", small_req, timeout=60)
-        assert full.status == 429, full.body
-        assert full.body["error"]["code"] == "decode_full"
-        assert int(full.headers["Retry-After"]) >= 1
-        assert jsonhttp.call(small.url + "/v1/kv/release",
-                             {"request_id": "other"}).status == 200
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(jsonhttp.call, svc.url + "/v1/completions", small_req,
+                                  timeout=60)
+            time.sleep(1.0)
+            assert not waiting.done(), waiting.result().body
+            assert jsonhttp.call(svc.url + "/v1/instances").body["queue"]["length"] == 1
+            register("d1", "decode", small.url)
+            full = waiting.result(60)
+        assert full.status == 200, full.body
+        assert float(full.headers["X-Mooncake-Queue-Wait"]) >= 1.0
         fits = jsonhttp.call(svc.url + "/v1/completions", small_req, timeout=60)
         assert fits.status == 200 and fits.body["usage"]["completion_tokens"] >= 1
         state = svc.conductor.scheduler.cluster.by_name

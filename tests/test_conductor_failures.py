@@ -121,9 +121,9 @@ def test_chat_without_max_tokens_may_use_the_context(conductor, stand_in) -> Non
     answer = jsonhttp.call(conductor.url + "/v1/chat/completions", chat)
     assert answer.status == 200, answer.body
     assert answer.body["choices"][0]["message"]["content"] == "A"
-    assert app["sampling"]["max_tokens"] == 4096  # demo context 8192: the cap
-    register(conductor, "d0", "decode", url, blocks=8)  # 128 tokens: what is left of them
     prompt = answer.body["usage"]["prompt_tokens"]
+    assert app["sampling"]["max_tokens"] == 8192 - prompt  # demo context 8192: what is left
+    register(conductor, "d0", "decode", url, blocks=8)  # 128 tokens: what is left of them
     assert jsonhttp.call(conductor.url + "/v1/chat/completions", chat).status == 200
     assert app["sampling"]["max_tokens"] == 128 - prompt
     jsonhttp.call(conductor.url + "/v1/completions", {"model": "demo", "prompt": "hi"})

@@ -51,6 +51,7 @@ class ErrorCode(str, Enum):
     PREFILL_FAILED = ("prefill_failed", 502, "server_error")
     KV_FULL = ("kv_full", 503, "unavailable")
     UNAVAILABLE = ("unavailable", 503, "unavailable")
+    QUEUE_FULL = ("queue_full", 503, "unavailable")
     NO_INSTANCE = ("no_instance", 503, "server_error")
     UPSTREAM_FAILED = ("upstream_failed", 503, "server_error")
 

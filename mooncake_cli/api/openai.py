@@ -8,7 +8,8 @@ ignored.
 
 Output length: a completion without `max_tokens` gets OpenAI's default of 16 tokens; a chat
 completion without `max_completion_tokens` / `max_tokens` may run to the end of the context,
-`max_context - prompt tokens`, capped at `CHAT_MAX_TOKENS` (see `fit_output`). An OpenAI seed
+`max_context - prompt tokens` (see `fit_output`), as vLLM's does; decode workers allocate its KV
+as it grows, so the cap books nothing. An OpenAI seed
 is a signed 64-bit integer; the engine's is its two's-complement bit pattern in [0, 2**64).
 """
 
@@ -25,7 +26,6 @@ from mooncake_cli.api.schema import Message, parse
 from mooncake_cli.engine.sampling import SamplingParams
 
 MAX_STOP = 4
-CHAT_MAX_TOKENS = 4096  # a chat answer's length when the request sets none
 Seed = Annotated[int, Field(ge=-(1 << 63), lt=1 << 63)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Bias = Annotated[int, Field(ge=-100, le=100)]
@@ -182,11 +182,11 @@ class Completion:
 
 def fit_output(req: Completion, prompt_tokens: int, max_context: float) -> Completion:
     """`req` with its output length settled: a chat request that set none gets what is left
-    of the context (the model's, or the largest decode cache's when smaller), at most
-    CHAT_MAX_TOKENS (at least 1, so that a full context is reported as such)."""
+    of the context (the model's, or the largest decode cache's when smaller; at least 1, so
+    that a full context is reported as such)."""
     if not req.open_ended:
         return req
-    n = int(max(1, min(max_context - prompt_tokens, CHAT_MAX_TOKENS)))
+    n = int(max(1, max_context - prompt_tokens))
     return replace(req, open_ended=False, sampling=replace(req.sampling, max_tokens=n))
 
 

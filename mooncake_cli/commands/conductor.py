@@ -39,6 +39,8 @@ def start(
     registry: str = _opt("--registry", "registry", "etcd://HOST:PORT[/CLUSTER]"),
     ttft_slo: float = _opt("--ttft-slo", "ttft_slo"),
     tbt_slo: float = _opt("--tbt-slo", "tbt_slo"),
+    max_queue: int = _opt("--max-queue", "max_queue", "N"),
+    prefill_depth: int = _opt("--prefill-depth", "prefill_depth", "N"),
     profile: str = _opt("--profile", "profile"),
     explain: str = _opt("--explain", "explain", "FILE"),
     seed: int = _opt("--seed", "seed"),
@@ -65,7 +67,7 @@ def start(
     cfg = load(ConductorConfig, "conductor", config or out.config_file, host=host, port=port,
                model=model, served_model_name=served_model_name, block_size=block_size,
                dtype=dtype, policy=policy, prefill=prefill, decode=decode, registry=registry,
-               ttft_slo=ttft_slo,
+               ttft_slo=ttft_slo, max_queue=max_queue, prefill_depth=prefill_depth,
                tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed, api_key=api_key,
                audit_log=audit_log)
     tcfg = c.cluster_config(out, secret, secret_file)

@@ -10,6 +10,7 @@ import json
 import math
 import threading
 import time
+from typing import Any
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.roles import PrefillAnswer
@@ -31,10 +32,11 @@ class Bookings:
         self._explain_lock = threading.Lock()
         self._queued: dict[str, dict[str, float]] = {}  # prefill instance -> rid -> estimate
 
-    def decide(self, sreq: Request, param: str = "prompt") -> Decision:
-        """Admit and book `sreq`, or raise 429 (SLO, or no decode room now), 400 (no decode
-        instance could ever hold it; `param` names the prompt) or 503 (no live prefill
-        instance)."""
+    def decide(self, sreq: Request, param: str = "prompt",
+               queue: dict[str, Any] | None = None) -> Decision:
+        """Admit and book `sreq`; or a `waiting` decision, not booked (no room for it now); or
+        raise 429 (SLO), 400 (no decode instance could ever hold it; `param` names the prompt)
+        or 503 (no live prefill instance)."""
         with self.instances.lock:
             now = time.monotonic()
             try:
@@ -43,11 +45,14 @@ class Bookings:
             except ConfigError as e:  # no live prefill instance
                 self.metrics.add("errors_total")
                 raise ServingError(ErrorCode.NO_INSTANCE, str(e), retry_after=1) from None
-            self._log(decision)
+            if not decision.waiting:  # a waiting request is logged once, when it is placed
+                self._log(decision, queue)
             if decision.too_large:
                 raise ServingError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, f"the request does not "
                                    f"fit this cluster: {decision.reason}; shorten the prompt "
                                    "or max_tokens", param)
+            if decision.waiting:  # not booked: the caller queues it
+                return decision
             if not decision.admitted:
                 self.metrics.add("rejected_total")
                 retry = decision.retry_after_s or 1.0
@@ -78,8 +83,8 @@ class Bookings:
             dec = self.scheduler.cluster.by_name.get(name) if name else None
             if dec is not None:
                 dec.batch = max(0, dec.batch - 1)
-                dec.context_tokens = max(0, dec.context_tokens - sreq.input_tokens -
-                                         sreq.output_tokens)
+                dec.context_tokens = max(0, dec.context_tokens -
+                                         self.scheduler.decode_booking(sreq))
 
     def learn(self, pname: str, keys: list[str], answer: PrefillAnswer,
               decision: Decision, block_bytes: int = 0) -> None:
@@ -106,10 +111,13 @@ class Bookings:
         if isinstance(model, OnlineCostModel):
             model.observe_prefill(prompt - cached, answer.timing.compute)
 
-    def _log(self, decision: Decision) -> None:
+    def _log(self, decision: Decision, queue: dict[str, Any] | None = None) -> None:
         if self._explain is not None:
+            record = decision.explain()
+            if queue is not None:
+                record["queue"] = queue
             with self._explain_lock:
-                self._explain.write(json.dumps(decision.explain()) + "\n")
+                self._explain.write(json.dumps(record) + "\n")
                 self._explain.flush()
 
     def close(self) -> None:

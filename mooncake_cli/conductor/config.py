@@ -62,9 +62,15 @@ class ConductorConfig:
     prefill: tuple[str, ...] = described((), "comma-separated prefill worker URLs (workers "
                                              "may also register themselves)")
     decode: tuple[str, ...] = described((), "comma-separated decode worker URLs")
-    ttft_slo: float = described(0.0, "TTFT SLO in seconds; requests that cannot meet it get "
-                                     "429 (0: no limit)")
+    ttft_slo: float = described(0.0, "TTFT SLO in seconds; a request whose predicted TTFT "
+                                     "(its wait in the queue + prefill) breaks it gets 429 "
+                                     "(0: no limit)")
     tbt_slo: float = described(0.0, "TBT SLO in seconds (0: no limit)")
+    max_queue: int = described(4096, "requests that may wait for room at once (503 with "
+                                     "Retry-After beyond); without an SLO a request waits "
+                                     "instead of getting 429")
+    prefill_depth: int = described(32, "requests booked on one prefill instance at once; more "
+                                       "wait in the conductor's queue (0: no limit)")
     instance_ttl: float = described(5.0, "seconds after which a silent instance is dead")
     poll_interval: float = described(1.0, "seconds between load polls of each instance")
     retries: int = described(2, "other instances tried when one fails")
@@ -103,6 +109,8 @@ class ConductorConfig:
             parse(self.registry)
         if self.retries < 0:
             raise ConfigError("retries must be >= 0")
+        if self.max_queue < 0 or self.prefill_depth < 0:
+            raise ConfigError("max_queue and prefill_depth must be >= 0")
         from mooncake_cli.conductor.scheduler import POLICIES
 
         if self.policy not in POLICIES:

@@ -2,13 +2,15 @@
 
     POST /v1/completions, /v1/chat/completions    OpenAI-compatible (stream: SSE)
     GET  /v1/models                              the served model
-    GET  /v1/instances                           the registry with each instance's load
+    GET  /v1/instances                           the registry with each instance's load, and
+                                                 the wait queue
     POST /v1/instances/register, /deregister     worker heartbeats (a name stays its first
                                                  registrant's: `Identities`)
     GET  /health, /metrics
 
-`OPENAI` are the paths an --api-key guards; the others but /health and /metrics need the cluster
-secret (`mooncake_cli.auth.Gate`); `AUDITED` name the audit log's events.
+`OPENAI` are the paths an --api-key guards (the OpenAI API and the read-only instance list); the
+others but /health and /metrics need the cluster secret (`mooncake_cli.auth.Gate`); `AUDITED`
+name the audit log's events.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from mooncake_cli.api.schema import parse
 from mooncake_cli.asgi import body, note, sse, text_response
 from mooncake_cli.conductor.identities import Identities
 from mooncake_cli.conductor.live import Conductor
+from mooncake_cli.conductor.waitqueue import Ticket, unless_gone
 
-OPENAI = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+OPENAI = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/instances")
 AUDITED = {"/v1/completions": "completion", "/v1/chat/completions": "completion",
            "/v1/instances/register": "register", "/v1/instances/deregister": "deregister"}
 
@@ -36,11 +39,17 @@ def routes(conductor: Conductor, identities: Identities | None = None) -> list[R
     ids = identities or Identities(c.instances)
 
     async def answer(request: Request, req: oa.Completion) -> Response:
-        result = await c.complete(req)
+        ticket = Ticket()
+        result = await unless_gone(request, c.complete(req, ticket))
+        if result is None:  # the client left (while queued, say): nobody reads an answer
+            return Response(status_code=499)
         if isinstance(result, dict):
             note(request, request_id=result.get("id"), usage=result.get("usage"))
-            return JSONResponse(result)
-        return sse(result)
+            response: Response = JSONResponse(result)
+        else:
+            response = sse(result)
+        response.headers.update(ticket.headers())
+        return response
 
     async def completions(request: Request) -> Response:
         return await answer(request, oa.parse_completion(await body(request)))
@@ -56,6 +65,7 @@ def routes(conductor: Conductor, identities: Identities | None = None) -> list[R
     async def list_instances(request: Request) -> Response:
         return JSONResponse({"policy": c.scheduler.policy.name,
                              "cost_model": getattr(c.scheduler.cluster.model, "name", ""),
+                             "queue": c.queue.snapshot(),
                              "instances": c.instances.snapshot()})
 
     async def register(request: Request) -> Response:

@@ -31,6 +31,7 @@ from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.state import Request
+from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
 from mooncake_cli.jsonhttp import AsyncPeer, PeerError
 from mooncake_cli.kvkeys import KVNamespace, block_keys
 
@@ -70,7 +71,8 @@ class Conductor:
 
     def __init__(self, model: ServedModel, scheduler: Scheduler, instances: Instances,
                  metrics: ConductorMetrics, retries: int = 2, timeout: float = 300.0,
-                 explain_path: str = "", auth: Signer | None = None) -> None:
+                 explain_path: str = "", auth: Signer | None = None,
+                 queue_limit: int = 4096) -> None:
         self.model = model
         self.auth = auth  # signs every request to the workers with the cluster secret
         self.scheduler = scheduler
@@ -79,6 +81,9 @@ class Conductor:
         self.retries = retries
         self.timeout = timeout
         self.bookings = Bookings(scheduler, instances, metrics, explain_path)
+        self.queue = WaitQueue(queue_limit, scheduler.slo.ttft_s, scheduler.decode_retry,
+                               metrics.add)
+        metrics.queue_length = lambda: len(self.queue)
         self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
 
     @property
@@ -104,9 +109,10 @@ class Conductor:
             raise ServingError(ErrorCode.INVALID_REQUEST, "the prompt is empty", "prompt")
         return ids
 
-    async def complete(self, req: oa.Completion
+    async def complete(self, req: oa.Completion, ticket: Ticket | None = None
                        ) -> dict[str, Any] | AsyncIterator[dict[str, Any] | str]:
-        """The answer object, or (stream=true) an iterator of SSE events ending in [DONE]."""
+        """The answer object, or (stream=true) an iterator of SSE events ending in [DONE];
+        `ticket` records the request's passage through the wait queue."""
         if req.model != self.model.name:
             raise ServingError(ErrorCode.MODEL_NOT_FOUND, f"the model '{req.model}' does not "
                                f"exist; this conductor serves '{self.model.name}'", "model")
@@ -122,20 +128,35 @@ class Conductor:
         start = time.monotonic()
         rid = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
         self.metrics.add("requests_total")
-        placed = await self._place(rid, ids, req)
+        ticket = ticket or Ticket(start)
+        try:
+            placed = await self._place(rid, ids, req, ticket)
+        finally:
+            if ticket.waited_s:
+                self.metrics.add("queued_total")
+                self.metrics.queue_wait.observe(ticket.waited_s)
         tokens = self._decode(placed, rid, ids, req)
         cached = placed.answer.cached_tokens
         if req.stream:
             return answers.sse(req, rid, tokens, start, self.metrics, len(ids), cached)
         return await answers.collect(req, rid, tokens, start, self.metrics, len(ids), cached)
 
-    async def _place(self, rid: str, ids: list[int], req: oa.Completion) -> Placed:
+    async def _place(self, rid: str, ids: list[int], req: oa.Completion,
+                     ticket: Ticket) -> Placed:
+        """Queue for room, prefill, and place again when an instance fails (up to `retries`
+        times) or the decode side turns out to be full after all (back to the queue's head,
+        until the request's timeout)."""
         keys = block_keys(ids, self.model.ns)
         sreq = Request(rid, len(ids), req.sampling.max_tokens, keys)
         param = "messages" if req.chat else "prompt"
         tried: list[str] = []
-        for _attempt in range(self.retries + 1):
-            decision = self.bookings.decide(sreq, param)
+        deadline = ticket.arrived + self.timeout
+        attempt, full = 0, False
+        while attempt <= self.retries:
+            decision = await self.queue.admit(
+                lambda t: self.bookings.decide(sreq, param, t.explain()), ticket, deadline,
+                front=full)
+            full = False
             try:  # whatever happens, the booking does not outlive this attempt
                 ans, purl, durl = await self._prefill(decision, rid, ids, req, tried)
             except BaseException:
@@ -144,10 +165,17 @@ class Conductor:
             self.bookings.unbook(decision, sreq, prefill_only=ans is not None and
                                  ans.status == 200)
             if ans is None:  # an instance failed or left: place the request again
+                attempt += 1
                 continue
             pname, dname = decision.prefill, decision.decode or ""
             if ans.status != 200:
                 msg, code = peer_code(ans.body)
+                if code is ErrorCode.DECODE_FULL and time.monotonic() < deadline:
+                    ticket.requeued += 1  # no room there after all: wait at the head again
+                    full = True
+                    await asyncio.sleep(0.02)
+                    continue
+                attempt += 1
                 if code is ErrorCode.DECODE_UNREACHABLE:  # the decode worker died: again
                     self.instances.mark_dead(dname, msg)
                     self.metrics.add("rerouted_total")
@@ -218,12 +246,14 @@ class Conductor:
                                      first_token=placed.answer.first_token, stream=req.stream)
         sreq = Request(rid, len(ids), req.sampling.max_tokens, ())
         dname = placed.decision.decode or ""
+        out = 0
         try:
             async for ev in self._generate(placed.decode_url + "/v1/generate",
                                            body.model_dump(mode="json"), req.stream):
                 if ev.get("error") or ev.get("finish_reason") == "error":
                     raise ServingError(ErrorCode.UPSTREAM_FAILED, f"decode worker {dname} "
                                        f"failed: {ev.get('error') or 'no reason given'}")
+                out += "token" in ev
                 yield ev
         except OSError as e:
             self.instances.mark_dead(dname, f"generate failed: {e}")
@@ -239,6 +269,8 @@ class Conductor:
             raise
         finally:
             self.bookings.release_decode(placed.decision.decode, sreq)
+            self.scheduler.observe_output(out)
+            self.queue.notify()
 
     async def _generate(self, url: str, body: dict[str, Any],
                         stream: bool) -> AsyncIterator[dict[str, Any]]:

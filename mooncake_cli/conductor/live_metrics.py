@@ -31,7 +31,9 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2.5)
 COUNTERS = {
     "requests_total": "Completion requests accepted for scheduling.",
-    "rejected_total": "Requests refused with 429 (SLO or no decode room).",
+    "rejected_total": "Requests refused with 429 (their predicted TTFT or TBT breaks the SLO).",
+    "queued_total": "Requests that waited in the queue for room.",
+    "queue_full_total": "Requests refused with 503 because the wait queue was full.",
     "errors_total": "Requests that failed after scheduling.",
     "rerouted_total": "Requests placed again after an instance failed.",
     "prompt_tokens_total": "Prompt tokens prefilled.",
@@ -63,6 +65,10 @@ class ConductorMetrics:
                               buckets=TTFT_BUCKETS, registry=self.registry)
         self.tbt = Histogram(PREFIX + "tbt_seconds", "Time between tokens.",
                              buckets=TBT_BUCKETS, registry=self.registry)
+        self.queue_wait = Histogram(PREFIX + "queue_wait_seconds", "Time a request waited "
+                                    "in the queue before its prefill was placed.",
+                                    buckets=TTFT_BUCKETS, registry=self.registry)
+        self.queue_length: Callable[[], int] = lambda: 0
         self._cached_blocks = cached_blocks
         self._instances: list[dict[str, Any]] = []
         self._render_lock = threading.Lock()
@@ -100,6 +106,9 @@ class ConductorMetrics:
                                   "prefix cache, of all prompt tokens.")
         ratio.add_metric([], self.hit_ratio())
         yield ratio
+        queue = GaugeMetricFamily(PREFIX + "queue_length", "Requests waiting for room now.")
+        queue.add_metric([], self.queue_length())
+        yield queue
         labels = ["name", "role"]
         alive = GaugeMetricFamily(PREFIX + "instance_alive", "1 while the instance answers.",
                                   labels=labels)

@@ -51,8 +51,9 @@ class Slo:
 
 @dataclass(frozen=True)
 class Decision:
-    """Where a request goes (or why not: 429 with a retry-after estimate, or `too_large` when
-    no live decode instance could ever hold its KV), and why."""
+    """Where a request goes (or why not: 429 with a retry-after estimate, `too_large` when no
+    live decode instance could ever hold its KV, or `waiting` when none has room for it now
+    but one will), and why."""
 
     request: str
     time: float
@@ -63,6 +64,7 @@ class Decision:
     retry_after_s: float | None = None
     reason: str = ""
     too_large: bool = False
+    waiting: bool = False
 
     @property
     def prefill(self) -> str:
@@ -81,12 +83,31 @@ class Decision:
 
 @dataclass
 class Scheduler:
-    """Places requests on a cluster with one policy, admitting against an SLO."""
+    """Places requests on a cluster with one policy, admitting against an SLO.
+
+    With `grow_decode` (the live conductor: decode workers allocate KV as sequences grow and
+    preempt when full), a decode booking is the prompt's blocks plus one, the TBT estimate uses
+    the expected output rather than max_tokens, no decode room now is `waiting` (not a 429),
+    and so is a prefill instance with `prefill_depth` requests booked already. Without it (the
+    simulator), a request books its whole prompt + output."""
 
     cluster: Cluster
     policy: Policy
     slo: Slo = field(default_factory=Slo)
     mean_output_tokens: float = 256.0  # running estimate, for decode retry-after
+    grow_decode: bool = False
+    prefill_depth: int = 0  # grow_decode: requests booked per prefill instance at most (0: any)
+
+    def decode_booking(self, req: Request) -> int:
+        """KV tokens a request books on its decode instance."""
+        if not self.grow_decode:
+            return req.input_tokens + req.output_tokens
+        bt = max(1, self.cluster.model.block_tokens)
+        return (-(-req.input_tokens // bt) + 1) * bt
+
+    def expected_output(self, req: Request) -> float:
+        return min(req.output_tokens, self.mean_output_tokens) if self.grow_decode else \
+            req.output_tokens
 
     def pick_decode(self, req: Request) -> tuple[InstanceState | None, float | None]:
         """The live decode instance with room whose next step (with this request) is
@@ -94,14 +115,15 @@ class Scheduler:
         insts = self.cluster.live_decode()
         if not insts:
             return None, None
-        need = req.input_tokens + req.output_tokens
+        need = self.decode_booking(req)
+        grown = round(req.input_tokens + self.expected_output(req))
         best: InstanceState | None = None
         best_t = math.inf
         for inst in insts:
             cap = inst.kv_capacity_tokens
             if cap is not None and inst.context_tokens + need > cap:
                 continue
-            t = self.cluster.model.decode_step_time(inst.batch + 1, inst.context_tokens + need)
+            t = self.cluster.model.decode_step_time(inst.batch + 1, inst.context_tokens + grown)
             if t < best_t or (t == best_t and best is not None and inst.name < best.name):
                 best, best_t = inst, t
         return best, (best_t if best is not None else math.inf)
@@ -125,6 +147,10 @@ class Scheduler:
         placement = self.policy.place(req, self.cluster, now, explain)
         dec, tbt = self.pick_decode(req)
         ttft = placement.chosen.ttft_s
+        if self.grow_decode:
+            wait = self._wait(req, now, placement, dec, tbt)
+            if wait is not None:
+                return wait
         over_ttft = self.slo.ttft_s is not None and ttft > self.slo.ttft_s
         over_tbt = tbt is not None and (tbt == math.inf or
                                         (self.slo.tbt_s is not None and tbt > self.slo.tbt_s))
@@ -151,6 +177,31 @@ class Scheduler:
         return Decision(req.id, now, placement, dec.name if dec else None, tbt, False,
                         round(max(retry, 0.001), 3), "; ".join(why))
 
+    def _wait(self, req: Request, now: float, placement: Placement,
+              dec: InstanceState | None, tbt: float | None) -> Decision | None:
+        """grow_decode: the `too_large` or `waiting` decision, if it is one of those."""
+        if dec is None and tbt is not None:
+            largest = self.decode_capacity_short(req)
+            if largest is not None:
+                return Decision(req.id, now, placement, None, tbt, False, None,
+                                f"the request needs KV room for {req.input_tokens} + "
+                                f"{req.output_tokens} tokens; the largest decode instance "
+                                f"holds {largest}", too_large=True)
+            return Decision(req.id, now, placement, None, None, False,
+                            round(self.decode_retry(), 3), "no decode instance has KV room "
+                            "now", waiting=True)
+        inst = self.cluster.by_name.get(placement.chosen.instance)
+        if self.prefill_depth and inst is not None and inst.queued >= self.prefill_depth:
+            return Decision(req.id, now, placement, dec.name if dec else None, tbt, False,
+                            round(placement.chosen.prefill_s, 3), f"prefill instance "
+                            f"{inst.name} has {inst.queued} requests booked", waiting=True)
+        return None
+
+    def observe_output(self, tokens: int) -> None:
+        """A request finished with `tokens` output tokens (grow_decode: the retry estimate)."""
+        if self.grow_decode:
+            self.mean_output_tokens += (tokens - self.mean_output_tokens) * 0.05
+
     def decode_retry(self) -> float:
         """Seconds until some decode request is expected to finish and free room."""
         insts = [i for i in self.cluster.live_decode() if i.batch]
@@ -169,8 +220,9 @@ class Scheduler:
             inst = self.cluster.by_name[name]
             inst.busy_until = max(inst.busy_until, now) + chosen.transfer_s + chosen.prefill_s
             inst.queued += 1
-        self.mean_output_tokens += (req.output_tokens - self.mean_output_tokens) * 0.01
+        if not self.grow_decode:
+            self.mean_output_tokens += (req.output_tokens - self.mean_output_tokens) * 0.01
         if decision.decode is not None:
             dec = self.cluster.by_name[decision.decode]
             dec.batch += 1
-            dec.context_tokens += req.input_tokens + req.output_tokens
+            dec.context_tokens += self.decode_booking(req)

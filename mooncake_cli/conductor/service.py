@@ -73,11 +73,13 @@ class ConductorService:
         on_step = cost.observe_decode if isinstance(cost, OnlineCostModel) else None
         instances = Instances(cluster, cfg.instance_ttl, cfg.block_size, on_decode_step=on_step)
         slo = Slo(cfg.ttft_slo or None, cfg.tbt_slo or None)
-        scheduler = Scheduler(cluster, make_policy(cfg.policy, cfg.seed), slo)
+        scheduler = Scheduler(cluster, make_policy(cfg.policy, cfg.seed), slo,
+                              grow_decode=True, prefill_depth=cfg.prefill_depth)
         metrics = ConductorMetrics(cluster.index.blocks)
         self.conductor = Conductor(model, scheduler, instances, metrics,
                                    retries=cfg.retries, timeout=cfg.request_timeout,
-                                   explain_path=cfg.explain, auth=auth)
+                                   explain_path=cfg.explain, auth=auth,
+                                   queue_limit=cfg.max_queue)
         self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval, auth)
         self.etcd: EtcdPoller | None = None
         if cfg.registry:

@@ -1,0 +1,188 @@
+"""WaitQueue: a request the cluster has no room for now waits, first come first served, instead
+of getting 429 — the head tries again whenever room may have appeared (a decode booking ended)
+and at least every `POLL_S`. A bounded length (503 with Retry-After beyond it), a client that
+leaves gives its place up, and with a TTFT SLO a request whose predicted TTFT (the queue wait
+plus its prefill) breaks it is refused at once with the predicted wait as Retry-After.
+
+The predicted wait of the k-th in line is (k + 1) / the rate at which waiting requests were
+recently admitted; before there is such a rate, (k + 1) x the scheduler's estimate of the time
+between decode completions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from mooncake_cli.api.errors import ErrorCode, ServingError
+from mooncake_cli.conductor.scheduler import Decision
+
+T = TypeVar("T")
+POLL_S = 0.05
+RATE_WINDOW = 64  # admissions of waiting requests the rate is measured over
+
+
+@dataclass
+class Ticket:
+    """One request's passage: what was predicted at arrival and what happened."""
+
+    arrived: float = field(default_factory=time.monotonic)
+    position: int = 0
+    predicted_wait_s: float = 0.0
+    predicted_ttft_s: float | None = None
+    waited_s: float = 0.0
+    requeued: int = 0
+
+    def headers(self) -> dict[str, str]:
+        """What the answer tells the client about its wait (for benchmarks and dashboards)."""
+        out = {"X-Mooncake-Queue-Wait": f"{self.waited_s:.3f}"}
+        if self.predicted_ttft_s is not None:
+            out["X-Mooncake-Predicted-TTFT"] = f"{self.predicted_ttft_s:.3f}"
+        return out
+
+    def explain(self) -> dict[str, Any]:
+        return {"position": self.position, "predicted_wait_s": round(self.predicted_wait_s, 3),
+                "waited_s": round(time.monotonic() - self.arrived, 3),
+                "requeued": self.requeued}
+
+
+class _Waiter:
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.wake = asyncio.Event()
+
+
+class WaitQueue:
+    """FIFO admission in front of `Bookings.decide` (run on the conductor's event loop)."""
+
+    def __init__(self, limit: int, ttft_slo: float | None,
+                 completion_gap: Callable[[], float],
+                 count: Callable[[str], None] = lambda _: None) -> None:
+        self.limit = limit
+        self._count = count  # a refusal: "rejected_total" (SLO) or "queue_full_total"
+        self.ttft_slo = ttft_slo
+        self._gap = completion_gap
+        self._line: deque[_Waiter] = deque()
+        self._admitted: deque[float] = deque(maxlen=RATE_WINDOW)
+        self._last_prefill_s = 0.0
+        self.waited_total = 0
+
+    def __len__(self) -> int:
+        return len(self._line)
+
+    def rate(self) -> float | None:
+        """Waiting requests admitted per second lately; None without a recent measure."""
+        t = self._admitted
+        if len(t) < 8 or time.monotonic() - t[-1] > 10.0 or t[-1] <= t[0]:
+            return None
+        return (len(t) - 1) / (t[-1] - t[0])
+
+    def predicted_wait(self, position: int) -> float:
+        rate = self.rate()
+        return (position + 1) / rate if rate else (position + 1) * self._gap()
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        oldest = now - self._line[0].ticket.arrived if self._line else 0.0
+        rate = self.rate()
+        return {"length": len(self._line), "limit": self.limit,
+                "oldest_wait_s": round(oldest, 3),
+                "admit_rate_per_s": round(rate, 3) if rate else None,
+                "predicted_wait_s": round(self.predicted_wait(len(self._line)), 3)}
+
+    def notify(self) -> None:
+        """Room may have appeared: the head tries again now."""
+        if self._line:
+            self._line[0].wake.set()
+
+    async def admit(self, decide: Callable[[Ticket], Decision], ticket: Ticket,
+                    deadline: float, front: bool = False) -> Decision:
+        """A booked decision for `ticket`'s request, once its turn comes and room exists;
+        `front` puts it back at the head (its placement failed for lack of room after all)."""
+        if not self._line:
+            decision = decide(ticket)
+            self._last_prefill_s = decision.placement.chosen.ttft_s
+            if not decision.waiting:
+                if ticket.predicted_ttft_s is None:
+                    ticket.predicted_ttft_s = decision.placement.chosen.ttft_s
+                return decision
+        self._check_room(ticket, front)
+        me = _Waiter(ticket)
+        if front:
+            self._line.appendleft(me)
+        else:
+            self._line.append(me)
+        self.waited_total += 1
+        try:
+            while True:
+                if self._line[0] is me:
+                    decision = decide(ticket)
+                    self._last_prefill_s = decision.placement.chosen.ttft_s
+                    if not decision.waiting:
+                        self._admitted.append(time.monotonic())
+                        return decision
+                if time.monotonic() > deadline:
+                    raise ServingError(ErrorCode.UNAVAILABLE, f"no room for the request in "
+                                       f"{time.monotonic() - ticket.arrived:.0f} s of waiting",
+                                       retry_after=1)
+                me.wake.clear()
+                try:
+                    await asyncio.wait_for(me.wake.wait(), POLL_S)
+                except TimeoutError:
+                    pass
+        finally:
+            ticket.waited_s = time.monotonic() - ticket.arrived
+            self._line.remove(me)
+            self.notify()  # the next in line may fit too
+
+    def _check_room(self, ticket: Ticket, front: bool) -> None:
+        """503 when the queue is full; 429 when the predicted TTFT breaks the SLO."""
+        position = 0 if front else len(self._line)
+        wait = self.predicted_wait(position)
+        if ticket.requeued == 0:
+            ticket.position, ticket.predicted_wait_s = position, wait
+            ticket.predicted_ttft_s = wait + self._last_prefill_s
+        retry = max(1, math.ceil(wait))
+        if not front and len(self._line) >= self.limit:
+            self._count("queue_full_total")
+            raise ServingError(ErrorCode.QUEUE_FULL, f"the conductor's wait queue is full "
+                               f"({self.limit} requests; predicted wait {wait:.1f} s)",
+                               retry_after=retry)
+        slo = self.ttft_slo
+        if slo is not None and not front and wait + self._last_prefill_s > slo:
+            self._count("rejected_total")
+            raise ServingError(ErrorCode.SLO, f"cannot meet the SLO: predicted TTFT "
+                               f"{wait + self._last_prefill_s:.3f} s (a {wait:.3f} s wait at "
+                               f"position {position + 1} in the queue + "
+                               f"{self._last_prefill_s:.3f} s prefill) > SLO {slo:g} s",
+                               retry_after=retry)
+
+
+async def unless_gone(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None (`work` cancelled) when the client disconnects first — so a
+    request waiting in the queue for a client that left gives its place up."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with suppress(asyncio.CancelledError):
+        await task
+    return None
