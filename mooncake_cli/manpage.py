@@ -162,7 +162,13 @@ def root_page(root: Any, ctx: Any, pages: list[str]) -> str:
               esc("Comma-separated plugin names to load, e.g. tcp,shm; it restricts only the "
                   "entry-point groups it names a plugin of. See mooncake-plugins(1)."),
               ".TP", bold("MOONCAKE_SECRET"),
-              esc("Shared secret for transfer connections and store requests, as --secret."),
+              esc("The cluster secret, as --secret: transfer connections, store requests and "
+                  "the signed requests between the conductor and the workers prove it. A role "
+                  "listening beyond loopback refuses to start without one."),
+              ".TP", bold("MOONCAKE_SECRET_FILE"),
+              esc("A file whose first line is the cluster secret, as --secret-file."),
+              ".TP", bold("MOONCAKE_INSECURE"),
+              esc("1: let a role listen beyond loopback without a cluster secret."),
               ".TP", bold("MOONCAKE_<TABLE>_<FIELD>"),
               esc("Overrides FIELD of config table TABLE below (above the file, below flags), "
                   "e.g. MOONCAKE_CONDUCTOR_PORT=8001, "
