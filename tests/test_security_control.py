@@ -293,6 +293,7 @@ def test_audit_log_follows_a_request_through_every_role(local) -> None:
     ("conductor", "start", "--host", "0.0.0.0", "--port", "0"),
     ("prefill", "--listen", "0.0.0.0:0"),
     ("store", "master", "--host", "0.0.0.0", "--port", "0"),
+    ("transfer", "serve", "--host", "0.0.0.0", "--buffer-size", "1MiB"),
 ])
 def test_beyond_loopback_needs_a_secret(args: tuple[str, ...]) -> None:
     done = subprocess.run([sys.executable, "-m", "mooncake_cli", *args], capture_output=True,

@@ -7,6 +7,7 @@ import time
 import typer
 from rich.markup import escape
 
+from mooncake_cli.auth import require_secret
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, parse_size
 from mooncake_cli.output import Out
@@ -29,6 +30,7 @@ def serve(
     out: Out = ctx.obj
     cfg = c.transfer_config(out, host=host, port=port, advertise=advertise, name=name,
                             metadata=metadata, transport=transport, secret=secret)
+    require_secret(cfg.host, cfg.secret, "the transfer target")
     size = parse_size(buffer_size)
     with c.stop_signals() as stop, TransferEngine(cfg, Registry.from_env()) as engine:
         region = engine.allocate(size)
