@@ -73,14 +73,15 @@ def _free_port() -> int:
 class UpstreamMaster:
     """Upstream's `mooncake_master` on a free loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, *flags: str) -> None:
+        """`flags`: more of upstream's master flags (--name=value)."""
         binary = master_binary()
         if binary is None:
             raise MooncakeError("upstream's mooncake_master is not installed")
         self.port = _free_port()
         argv = [binary, f"--rpc_port={self.port}", "--rpc_address=127.0.0.1",
                 f"--metrics_port={_free_port()}", "--metrics_host=127.0.0.1",
-                "--rpc_enable_tcp_no_delay=true"]
+                "--rpc_enable_tcp_no_delay=true", *flags]
         self.address = f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env={**os.environ, **QUIET})

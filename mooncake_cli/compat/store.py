@@ -1,102 +1,68 @@
-"""Upstream's `mooncake.store` API over this project's store: change the import, keep the code.
+"""Upstream's `mooncake.store` API over this project's store: code written for it runs as is.
 
     from mooncake_cli.compat.store import MooncakeDistributedStore, ReplicateConfig
     store = MooncakeDistributedStore()
-    rc = store.setup("localhost", "P2PHANDSHAKE", "512MB", "128MB", "tcp", "", "127.0.0.1:50051")
+    rc = store.setup("localhost", "P2PHANDSHAKE", 512 << 20, 128 << 20, "tcp", "",
+                     "127.0.0.1:50051")
     assert rc == 0 and store.put("k", b"v") == 0 and store.get("k") == b"v"
 
-Like upstream, nothing here raises for a store failure: calls return 0 / a count / bytes read on
-success and a negative upstream ErrorCode (mooncake_cli.store.errors) on failure; `get` returns
-b"" and `is_exist` -1 when they fail. Pointers are integer addresses (numpy `arr.ctypes.data`),
-read and written through ctypes: passing a bad address crashes the process, as it does upstream.
+(`import mooncake.store` gives this module where upstream's wheel is not installed: the
+`mooncake-compat` plugin, see plugins/mooncake-compat.) As upstream: calls return 0 / a count /
+bytes read on success and a negative ErrorCode (mooncake_cli.store.errors) on failure, `get` b"",
+`get_tensor` / `get_buffer` None, `is_exist` -1; a put of a key that exists is a success (0, the
+object unchanged); `upsert*` replace it. The bytes API (`put*`, `upsert*`, `get*`) copies through
+a local buffer of `local_buffer_size` bytes: a call whose values do not fit fails with
+INVALID_PARAMS, as upstream's (0 bytes: every such call). Pointers are integer addresses (numpy
+`arr.ctypes.data`), read and written through ctypes: a bad address crashes, as upstream.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import socket
-import time
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from mooncake_cli.config import TransferConfig, parse_size
+from mooncake_cli.compat import ranges, tensor_api
+from mooncake_cli.compat.session import SetupArgs, master_reachable, start_engine
+from mooncake_cli.compat.types import (
+    BufferDescriptor,
+    BufferHandle,
+    DiskDescriptor,
+    MemoryDescriptor,
+    ReplicaDescriptor,
+    ReplicaStatus,
+    ReplicateConfig,
+    SoftPinAction,
+    native,
+)
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 from mooncake_cli.registry import Registry
-from mooncake_cli.store import records
 from mooncake_cli.store.errors import ErrorCode, StoreError
-from mooncake_cli.store.leader import LeaderResolver, is_ha
+from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig"]
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ReplicaStatus",
+           "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor", "BufferDescriptor",
+           "BufferHandle"]
 log = logging.getLogger("mooncake.compat")
 T = TypeVar("T")
 NOT_READY, BAD = int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS), int(ErrorCode.INVALID_PARAMS)
-MiB = 1 << 20
+EXISTS = int(ErrorCode.OBJECT_ALREADY_EXISTS)
 
 
-class ReplicateConfig:
-    """Upstream's mutable placement config (attributes set after construction)."""
-
-    def __init__(self) -> None:
-        self.replica_num = 1
-        self.with_soft_pin = False
-        self.with_hard_pin = False
-        self.preferred_segment = ""
-        self.preferred_segments: list[str] = []
-
-    def _native(self) -> records.ReplicateConfig:
-        preferred = self.preferred_segment or next(iter(self.preferred_segments or []), "")
-        return records.ReplicateConfig(int(self.replica_num), str(preferred),
-                                       bool(self.with_soft_pin), bool(self.with_hard_pin))
-
-
-def _native(config: Any) -> records.ReplicateConfig | None:
-    if config is None or isinstance(config, records.ReplicateConfig):
-        return config
-    if isinstance(config, ReplicateConfig):
-        return config._native()
-    raise StoreError(f"config must be a ReplicateConfig, not {type(config).__name__}",
-                     ErrorCode.INVALID_PARAMS)
-
-
-def _code(e: BaseException) -> int:
+def code_of(e: BaseException) -> int:
     if isinstance(e, StoreError):
-        return int(e.code)
+        return BAD if e.code == ErrorCode.BUFFER_OVERFLOW else int(e.code)  # upstream: -600
     if isinstance(e, (ConfigError, ValueError, TypeError, OverflowError)):
         return BAD
     return int(ErrorCode.INTERNAL_ERROR)
 
 
-def _view(ptr: int, size: int) -> memoryview:
-    """A writable byte view of the `size` bytes at address `ptr`."""
-    if not isinstance(ptr, int) or not isinstance(size, int) or ptr <= 0 or size <= 0:
-        raise StoreError(f"bad buffer {ptr!r}, {size!r}", ErrorCode.INVALID_PARAMS)
-    return memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B")
-
-
-def _metadata(url: str) -> str:
-    if url.strip().lower() in ("p2phandshake", "p2p", ""):
-        return "p2p"
-    return url if "://" in url else f"etcd://{url}"  # upstream: a bare HOST:PORT is etcd
-
-
-def _master_reachable(address: str, timeout: float) -> bool:
-    """A quick TCP probe of HOST:PORT (of the leader an etcd://... address publishes), so a dead
-    master fails setup at once (not after RPC timeouts) and a malformed address never reaches
-    zmq. ConfigError for a malformed etcd:// address."""
-    if is_ha(address):
-        try:
-            address = LeaderResolver(address, timeout).wait(time.monotonic() + timeout).address
-        except StoreError:
-            return False
-    host, _, port = str(address).rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout).close()
-    except (OSError, ValueError):
-        return False
-    return True
+def put_code(e: StoreError | None) -> int:
+    """A put's code: OBJECT_ALREADY_EXISTS is a success (upstream's client says 0)."""
+    return 0 if e is None or e.code == EXISTS else code_of(e)
 
 
 class MooncakeDistributedStore:
@@ -105,61 +71,39 @@ class MooncakeDistributedStore:
     def __init__(self, timeout: float = 5.0) -> None:
         self.timeout = timeout  # seconds per master request (not an upstream argument)
         self._engine: TransferEngine | None = None
+        self._own_engine = True
         self._client: Any = None  # mooncake_cli.store.client.StoreClient once set up
         self._hostname = ""
-        self._buffers: dict[int, tuple[Region, memoryview]] = {}
+        self._buffer = 0  # local_buffer_size
+        self._buffers: dict[int, tuple[Region | None, memoryview]] = {}
 
     # -- setup / teardown ------------------------------------------------------------------------
-    def setup(self, local_hostname: Any, metadata_server: str = "P2PHANDSHAKE",
-              global_segment_size: int | str = 16 * MiB, local_buffer_size: int | str = 16 * MiB,
-              protocol: str = "tcp", rdma_devices: str = "",
-              master_server_addr: str = "127.0.0.1:50051", engine: object = None,
-              **ignored: Any) -> int:
-        """Start a transfer engine, contribute `global_segment_size` bytes; 0 or an error code.
-        Also `setup(dict)` with the same names as keys."""
-        if isinstance(local_hostname, dict):
-            conf = dict(local_hostname)
-            return self.setup(conf.pop("local_hostname", "localhost"), **conf)
+    def setup(self, *args: Any, **kwargs: Any) -> int:
+        """setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
+        protocol, rdma_devices, master_server_addr, engine=None, enable_ssd_offload=False,
+        ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
+        client_http_port=9300), or setup(dict); 0 or an error code."""
         if self._client is not None:
             return NOT_READY
         try:
-            segment = parse_size(global_segment_size)
-            parse_size(local_buffer_size)  # upstream's staging buffer: not needed here
-            host, _, port = str(local_hostname).rpartition(":")
-            host, port = (host, port) if port.isdigit() else (str(local_hostname), "0")
-            registry = Registry.from_env()
-            names = registry.names("mooncake.transports")
-            transport = protocol if protocol in names else "auto"
-            if transport != protocol:
-                log.warning("protocol %r is not available here: using %s", protocol, transport)
-            config = TransferConfig(host=host or "127.0.0.1", port=int(port),
-                                    metadata=_metadata(str(metadata_server)),
-                                    transport=transport, timeout=self.timeout)
-        except (MooncakeError, ValueError, TypeError) as e:
-            log.error("setup: %s", e)
-            return BAD
-        if "://" in str(master_server_addr) and not is_ha(str(master_server_addr)):
-            log.error("setup: master_server_addr must be HOST:PORT or etcd://HOST:PORT, not %s",
-                      master_server_addr)
-            return BAD
-        try:  # etcd://...: the client follows the HA leader published there
-            reachable = _master_reachable(str(master_server_addr), min(self.timeout, 2.0))
-        except ConfigError as e:
-            log.error("setup: %s", e)
-            return BAD
-        if not reachable:
-            log.error("setup: no master answers at %s", master_server_addr)
-            return int(ErrorCode.RPC_FAIL)
-        try:
+            a = SetupArgs.parse(args, kwargs)
+            if not master_reachable(a.master, min(self.timeout, 2.0)):
+                log.error("setup: no master answers at %s", a.master)
+                return int(ErrorCode.RPC_FAIL)
             from mooncake_cli.store.client import StoreClient
 
-            self._engine = TransferEngine(config, registry)
-            self._client = StoreClient(master_server_addr, self._engine, segment,
-                                       timeout=self.timeout)
-        except Exception as e:  # upstream reports a failed setup as a code, never raises
+            if a.engine is not None and not isinstance(a.engine, TransferEngine):
+                raise StoreError("setup: engine must be a mooncake_cli TransferEngine",
+                                 ErrorCode.INVALID_PARAMS)
+            self._own_engine = a.engine is None
+            self._engine = a.engine or start_engine(a, Registry.from_env(), self.timeout)
+            self._client = StoreClient(a.master, self._engine, a.segment, timeout=self.timeout,
+                                       ssd_dir=a.ssd_dir, ssd_size=4 * a.segment)
+        except (MooncakeError, OSError, ValueError) as e:  # a code, as upstream: never raises
             log.error("setup: %s", e)
             self.close()
-            return _code(e)
+            return code_of(e)
+        self._buffer = a.buffer
         self._hostname = self._engine.name
         return 0
 
@@ -169,13 +113,23 @@ class MooncakeDistributedStore:
         client, engine, self._client, self._engine = self._client, self._engine, None, None
         if client is not None:
             client.close()
-        if engine is not None:
+        if engine is not None and self._own_engine:
             engine.close()
         return 0
 
     def get_hostname(self) -> str:
         """This client's segment name (HOST:PORT), what `preferred_segment` takes."""
         return self._hostname
+
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up (or closed), 2 the master does not answer."""
+        if self._client is None:
+            return 1
+        try:
+            self._client.stats()
+        except MooncakeError:
+            return 2
+        return 0
 
     # -- plumbing --------------------------------------------------------------------------------
     def _run(self, fn: Callable[[Any], T], fail: Callable[[int], T]) -> T:
@@ -185,27 +139,68 @@ class MooncakeDistributedStore:
             return fn(self._client)
         except (MooncakeError, ValueError, TypeError, OverflowError) as e:
             log.debug("store call failed: %s", e)
-            return fail(_code(e))
+            return fail(code_of(e))
 
-    @staticmethod
-    def _each(items: Sequence[Any]) -> list[int]:
-        return [int(i.code) if isinstance(i, StoreError) else 0 for i in items]
+    def _fits(self, sizes: Sequence[int]) -> None:
+        """The bytes API stages through local_buffer_size bytes, as upstream."""
+        if sum(sizes) > self._buffer:
+            raise StoreError(f"{sum(sizes)} bytes do not fit the local buffer of "
+                             f"{self._buffer}", ErrorCode.INVALID_PARAMS)
+
+    def _puts(self, keys: list[str], values: Sequence[Any], config: Any,
+              upsert: bool) -> list[int]:
+        def go(c: Any) -> list[int]:
+            self._fits([memoryview(v).nbytes for v in values])
+            return [put_code(e) for e in c.batch_put(keys, values, native(config), upsert)]
+        return self._run(go, lambda e: [e] * len(keys))
+
+    def _one(self, key: str, value: Any, config: Any, upsert: bool) -> int:
+        def go(c: Any) -> int:
+            self._fits([memoryview(value).nbytes])
+            try:
+                c.put(key, value, native(config), upsert)
+            except StoreError as e:
+                return put_code(e)
+            return 0
+        return self._run(go, int)
 
     # -- objects ---------------------------------------------------------------------------------
     def put(self, key: str, value: Any, config: Any = None) -> int:
-        return self._run(lambda c: c.put(key, value, _native(config)) or 0, int)
+        return self._one(key, value, config, False)
+
+    def upsert(self, key: str, value: Any, config: Any = None) -> int:
+        return self._one(key, value, config, True)
 
     def put_batch(self, keys: list[str], values: list[Any], config: Any = None) -> int:
-        codes = self._run(lambda c: self._each(c.batch_put(keys, values, _native(config))),
-                          lambda e: [e])
-        return next((e for e in codes if e), 0)
+        return next((e for e in self._puts(keys, values, config, False) if e), 0)
+
+    def upsert_batch(self, keys: list[str], values: list[Any], config: Any = None) -> int:
+        return next((e for e in self._puts(keys, values, config, True) if e), 0)
+
+    def put_parts(self, key: str, *parts: Any, config: Any = None) -> int:
+        return self.put(key, b"".join(bytes(memoryview(x)) for x in parts), config)
+
+    def upsert_parts(self, key: str, *parts: Any, config: Any = None) -> int:
+        return self.upsert(key, b"".join(bytes(memoryview(x)) for x in parts), config)
+
+    def _read(self, c: Any, keys: list[str]) -> list[bytearray | StoreError]:
+        got = c.batch_get_buffers(keys)
+        self._fits([len(b) for b in got if isinstance(b, bytearray)])
+        return list(got)
 
     def get(self, key: str) -> bytes:
-        return self._run(lambda c: bytes(c.get(key)), lambda e: b"")
+        return self.get_batch([key])[0]
 
     def get_batch(self, keys: list[str]) -> list[bytes]:
-        return self._run(lambda c: [v if isinstance(v, bytes) else b"" for v in c.batch_get(keys)],
-                         lambda e: [b""] * len(keys))
+        return self._run(lambda c: [bytes(v) if isinstance(v, bytearray) else b""
+                                    for v in self._read(c, keys)], lambda e: [b""] * len(keys))
+
+    def get_buffer(self, key: str) -> BufferHandle | None:
+        return self.batch_get_buffer([key])[0]
+
+    def batch_get_buffer(self, keys: list[str]) -> list[BufferHandle | None]:
+        return self._run(lambda c: [BufferHandle(v) if isinstance(v, bytearray) else None
+                                    for v in self._read(c, keys)], lambda e: [None] * len(keys))
 
     def is_exist(self, key: str) -> int:
         return self._run(lambda c: int(c.exists(key)), lambda e: -1)
@@ -221,8 +216,47 @@ class MooncakeDistributedStore:
     def remove(self, key: str, force: bool = False) -> int:
         return self._run(lambda c: c.remove(key, force) or 0, int)
 
+    def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
+        def go(c: Any) -> list[int]:
+            items = c._rpc.call(p.BatchRemove(list(keys), force), list[p.Reply])
+            out = [code_of(e) if isinstance(e := c._value(i, None), StoreError) else 0
+                   for i in items]
+            for k, rc in zip(keys, out, strict=True):
+                if rc == 0:
+                    c.holdings.discard(k)
+            return out
+        return self._run(go, lambda e: [e] * len(keys))
+
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
+        """How many keys matching `regex_pattern` (re.search) were removed."""
+        try:
+            pattern = re.compile(regex_pattern)
+        except (re.error, TypeError):
+            return BAD
+        return self._run(lambda c: sum(1 for rc in self.batch_remove(
+            [k for k in c.list() if pattern.search(k)], force) if rc == 0), int)
+
     def remove_all(self, force: bool = False) -> int:
         return self._run(lambda c: int(c.remove_all(force)), int)
+
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
+        return self.batch_get_replica_desc([key]).get(key, [])
+
+    def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[ReplicaDescriptor]]:
+        """The replicas of each key found (no lease granted)."""
+        return self._run(lambda c: {k: [ReplicaDescriptor(r) for r in m.replicas]
+                                    for k, m in zip(keys, c.batch_describe(keys), strict=True)
+                                    if not isinstance(m, StoreError) and m.complete},
+                         lambda e: {})
+
+    def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
+        """Drop the replicas (on `segment_name` only, when given) of the keys whose lease has
+        expired; the keys cleared."""
+        return self._run(lambda c: c.batch_replica_clear(keys, segment_name), lambda e: [])
+
+    def get_offload_rpc_read_count(self) -> int:
+        """Reads of objects held only on SSD (batch forms and get_into / get)."""
+        return self._run(lambda c: int(c.ssd_reads), lambda e: 0)
 
     # -- zero copy -------------------------------------------------------------------------------
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
@@ -232,39 +266,78 @@ class MooncakeDistributedStore:
         if buffer_ptr in self._buffers:
             return BAD
         try:
-            view = _view(buffer_ptr, size)
+            view = ranges.view(buffer_ptr, size)
             self._buffers[buffer_ptr] = (self._engine.register(view), view)
         except (MooncakeError, ValueError) as e:
-            return _code(e)
+            return code_of(e)
         return 0
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
         entry = self._buffers.pop(buffer_ptr, None)
         if entry is None or self._engine is None:
             return BAD
-        self._engine.unregister(entry[0])
+        if entry[0] is not None:
+            self._engine.unregister(entry[0])
         return 0
 
     def put_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
-        return self._run(lambda c: c.put(key, _view(buffer_ptr, size), _native(config)) or 0, int)
+        return self.batch_put_from([key], [buffer_ptr], [size], config)[0]
 
-    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
-        """Bytes read into the buffer, or a negative code (-10 when it is too small)."""
-        return self._run(lambda c: int(c.get_into(key, _view(buffer_ptr, size))), int)
+    def upsert_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
+        return self.batch_upsert_from([key], [buffer_ptr], [size], config)[0]
+
+    def _put_from(self, keys: list[str], ptrs: list[int], sizes: list[int], config: Any,
+                  upsert: bool) -> list[int]:
+        if not len(keys) == len(ptrs) == len(sizes):
+            return [BAD] * len(keys)
+        return self._run(lambda c: [put_code(e) for e in c.batch_put(
+            keys, [ranges.view(a, n) for a, n in zip(ptrs, sizes, strict=True)],
+            native(config), upsert)], lambda e: [e] * len(keys))
 
     def batch_put_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
                        config: Any = None) -> list[int]:
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [BAD] * len(keys)
-        return self._run(
-            lambda c: self._each(c.batch_put(keys, [_view(p, n) for p, n in
-                                                    zip(buffer_ptrs, sizes, strict=True)],
-                                             _native(config))),
-            lambda e: [e] * len(keys))
+        return self._put_from(keys, buffer_ptrs, sizes, config, False)
+
+    def batch_upsert_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
+                          config: Any = None) -> list[int]:
+        return self._put_from(keys, buffer_ptrs, sizes, config, True)
+
+    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
+        """Bytes read into the buffer, or a negative code (-600 when it is too small)."""
+        return self.batch_get_into([key], [buffer_ptr], [size])[0]
 
     def batch_get_into(self, keys: list[str], buffer_ptrs: list[int],
                        sizes: list[int]) -> list[int]:
-        """Bytes read per key, or its negative code."""
+        """Bytes read per key, or its negative code; remote reads in one engine batch."""
         if not len(keys) == len(buffer_ptrs) == len(sizes):
             return [BAD] * len(keys)
-        return [self.get_into(k, p, n) for k, p, n in zip(keys, buffer_ptrs, sizes, strict=True)]
+
+        def go(c: Any) -> list[int]:
+            views = [ranges.view(a, n) for a, n in zip(buffer_ptrs, sizes, strict=True)]
+            return [code_of(v) if isinstance(v, StoreError) else int(v)
+                    for v in c.batch_get_into(keys, views)]
+        return self._run(go, lambda e: [e] * len(keys))
+
+    def get_into_ranges(self, buffer_ptrs: list[int], all_keys: list[list[str]],
+                        all_dst_offsets: list[list[list[int]]],
+                        all_src_offsets: list[list[list[int]]],
+                        all_sizes: list[list[list[int]]]) -> list[list[list[int]]]:
+        """Byte ranges of objects into buffers: per buffer, per key, per range the bytes
+        copied or a negative code (-704 no such key, -600 a range outside it)."""
+        return ranges.get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets,
+                                      all_src_offsets, all_sizes)
+
+    # -- tensors (compat/tensor_api.py) -----------------------------------------------------------
+    put_tensor = tensor_api.put_tensor
+    upsert_tensor = tensor_api.upsert_tensor
+    pub_tensor = tensor_api.pub_tensor
+    upsert_pub_tensor = tensor_api.upsert_pub_tensor
+    get_tensor = tensor_api.get_tensor
+    batch_put_tensor = tensor_api.batch_put_tensor
+    batch_upsert_tensor = tensor_api.batch_upsert_tensor
+    batch_pub_tensor = tensor_api.batch_pub_tensor
+    batch_get_tensor = tensor_api.batch_get_tensor
+    put_tensor_with_tp = tensor_api.put_tensor_with_tp
+    get_tensor_with_tp = tensor_api.get_tensor_with_tp
+    batch_put_tensor_with_tp = tensor_api.batch_put_tensor_with_tp
+    batch_get_tensor_with_tp = tensor_api.batch_get_tensor_with_tp

@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 
 from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.store.client.batch_reads import read_into
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.client.memory import allocate_dram
@@ -70,6 +71,7 @@ class StoreClient:
         self.hugepages = False  # whether the DRAM segment really sits on huge pages
         self.segment: Segment | None = None
         self.holdings = Holdings()
+        self.ssd_reads = 0  # batch reads of objects held only on SSD (upstream's offload reads)
         self._stop = threading.Event()
         try:
             if segment_size > 0:
@@ -136,11 +138,13 @@ class StoreClient:
         else by zmq; `meanwhile()` runs while the master works on it."""
         return self._lanes.call(request, kind, meanwhile)
 
-    def put(self, key: str, data: Any, config: ReplicateConfig | None = None) -> None:
-        """Store `data` (bytes-like, numpy array, CPU tensor) under the new key `key`."""
+    def put(self, key: str, data: Any, config: ReplicateConfig | None = None,
+            upsert: bool = False) -> None:
+        """Store `data` (bytes-like, numpy array, CPU tensor) under the new key `key` (with
+        `upsert`, replacing the object of that key if there is one)."""
         view = readable(data)
         sums: list[str] = []  # the checksum is computed while the master places the replicas
-        replicas = self._call(p.PutStart(key, len(view), config), list[Replica],
+        replicas = self._call(p.PutStart(key, len(view), config, upsert=upsert), list[Replica],
                               lambda: sums.append(checksum(view)))
         try:
             self.io.write(view, replicas)
@@ -156,13 +160,16 @@ class StoreClient:
             self.holdings.add(key, own[0], csum, config)
 
     def batch_put(self, keys: Sequence[str], values: Sequence[Any],
-                  config: ReplicateConfig | None = None) -> list[StoreError | None]:
-        """Put each value; one entry per key: None when stored, or the error it met."""
+                  config: ReplicateConfig | None = None,
+                  upsert: bool = False) -> list[StoreError | None]:
+        """Put each value (`upsert`: as `put`); one entry per key: None when stored, or the
+        error it met."""
         if len(keys) != len(values):
             raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
         views = [readable(v) for v in values]
         sums: list[str] = []  # computed while the master places the replicas
-        starts = self._call(p.BatchPutStart(list(keys), [len(v) for v in views], config),
+        starts = self._call(p.BatchPutStart(list(keys), [len(v) for v in views], config,
+                                            upsert=upsert),
                             list[p.Reply], lambda: sums.extend(checksum(v) for v in views))
         out: list[StoreError | None] = []
         placed: list[list[Replica]] = []
@@ -256,23 +263,61 @@ class StoreClient:
         return out
 
     def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int | StoreError]:
-        """Read each key into its buffer (as `get_into`, one master request for all); per key
-        the bytes read or the error it met."""
+        """Read each key into its buffer (as `get_into`: one master request for all, every
+        remote read in one engine batch, see batch_reads.py); per key the bytes read or the
+        error it met."""
         if len(keys) != len(buffers):
             raise InvalidParams(f"{len(keys)} keys but {len(buffers)} buffers")
         items = self._call(p.BatchGetReplicaList(list(keys)), list[p.Reply])
-        out: list[int | StoreError] = []
-        for key, buf, item in zip(keys, buffers, items, strict=True):
+        out: list[int | StoreError | None] = [None] * len(keys)
+        todo: list[tuple[int, list[Replica], memoryview]] = []
+        for i, (buf, item) in enumerate(zip(buffers, items, strict=True)):
             try:
-                dest = host_view(buf)[0]
+                todo.append((i, p.result(item, list[Replica]), host_view(buf)[0]))
+                self._count_ssd([todo[-1][1]])
             except ValueError as e:
-                out.append(InvalidParams(f"cannot read into {type(buf).__name__}: {e}"))
-                continue
-            try:
-                out.append(self.io.read(key, p.result(item, list[Replica]), dest, buf))
+                out[i] = InvalidParams(f"cannot read into {type(buf).__name__}: {e}")
             except StoreError as e:
-                out.append(e)
+                out[i] = e
+        got = read_into(self.io, [keys[i] for i, _, _ in todo], [rs for _, rs, _ in todo],
+                        [d for _, _, d in todo], [buffers[i] for i, _, _ in todo])
+        for (i, _, _), value in zip(todo, got, strict=True):
+            out[i] = value
+        return out  # type: ignore[return-value]
+
+    def batch_get_buffers(self, keys: Sequence[str]) -> list[bytearray | StoreError]:
+        """The bytes of each key in a new bytearray of its size (one master request, reads as
+        `batch_get_into`), or the error it met."""
+        items = self._call(p.BatchGetReplicaList(list(keys)), list[p.Reply])
+        lists = [self._value(item, list[Replica]) for item in items]
+        self._count_ssd(lists)
+        out: list[bytearray | StoreError] = []
+        found: list[tuple[int, list[Replica], bytearray]] = []
+        for i, rs in enumerate(lists):
+            if isinstance(rs, StoreError):
+                out.append(rs)
+                continue
+            out.append(bytearray(rs[0].size if rs else 0))
+            found.append((i, rs, out[-1]))  # type: ignore[arg-type]
+        got = read_into(self.io, [keys[i] for i, _, _ in found], [rs for _, rs, _ in found],
+                        [memoryview(b) for _, _, b in found], [b for _, _, b in found])
+        for (i, _, _), value in zip(found, got, strict=True):
+            if isinstance(value, StoreError):
+                out[i] = value
         return out
+
+    def _count_ssd(self, lists: Sequence[Any]) -> None:
+        self.ssd_reads += sum(1 for rs in lists if isinstance(rs, list) and rs
+                              and all(r.tier == "ssd" for r in rs))
+
+    def batch_replica_clear(self, keys: Sequence[str], segment: str = "") -> list[str]:
+        """Drop the replicas of the unleased `keys` (those on `segment` only, when given); the
+        keys that lost one (an object left with none is gone)."""
+        cleared = list(self._rpc.call(p.BatchReplicaClear(list(keys), segment), list[str]))
+        for key in cleared:
+            if not segment or (self.segment is not None and segment == self.segment.name):
+                self.holdings.discard(key)
+        return cleared
 
     def exists(self, key: str) -> bool:
         return bool(self._call(p.Exists(key), bool))

@@ -1,0 +1,61 @@
+"""Raw memory for the compat store: views of caller addresses, and `get_into_ranges`."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from mooncake_cli.store.errors import ErrorCode, StoreError
+
+BAD, MISSING = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.OBJECT_NOT_FOUND)
+
+
+def view(ptr: int, size: int) -> memoryview:
+    """A writable byte view of the `size` bytes at address `ptr`."""
+    if not isinstance(ptr, int) or not isinstance(size, int) or ptr <= 0 or size <= 0:
+        raise StoreError(f"bad buffer {ptr!r}, {size!r}", ErrorCode.INVALID_PARAMS)
+    return memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B")
+
+
+def _bounds(store: Any, ptr: int) -> int | None:
+    """The length of the registered buffer at `ptr`; None when it is not one (unchecked)."""
+    entry = store._buffers.get(ptr)
+    return None if entry is None else len(entry[1])
+
+
+def get_into_ranges(store: Any, buffer_ptrs: list[int], all_keys: list[list[str]],
+                    dst_offsets: list[list[list[int]]], src_offsets: list[list[list[int]]],
+                    sizes: list[list[list[int]]]) -> list[list[list[int]]]:
+    """Per buffer, per key, per range: the bytes copied from the object at the source offset
+    to the buffer at the destination offset, or a negative code. The objects are read once
+    each, in one batch."""
+    shapes_ok = len(buffer_ptrs) == len(all_keys) == len(dst_offsets) == len(src_offsets) \
+        == len(sizes) and all(
+            len(ks) == len(d) == len(s) == len(n) and all(
+                len(a) == len(b) == len(c) for a, b, c in zip(d, s, n, strict=True))
+            for ks, d, s, n in zip(all_keys, dst_offsets, src_offsets, sizes, strict=True))
+    if not shapes_ok:
+        return [[[BAD] * len(r) for r in per] for per in sizes] if isinstance(sizes, list) \
+            else []
+    keys = sorted({k for ks in all_keys for k in ks})
+    got = dict(zip(keys, store.batch_get_buffer(keys), strict=True)) if keys else {}
+    out: list[list[list[int]]] = []
+    for ptr, ks, dsts, srcs, ns in zip(buffer_ptrs, all_keys, dst_offsets, src_offsets, sizes,
+                                       strict=True):
+        limit = _bounds(store, ptr)
+        per_key: list[list[int]] = []
+        for key, d_list, s_list, n_list in zip(ks, dsts, srcs, ns, strict=True):
+            data = got.get(key)
+            codes: list[int] = []
+            for d, s, n in zip(d_list, s_list, n_list, strict=True):
+                if data is None:
+                    codes.append(MISSING)
+                elif min(d, s) < 0 or n <= 0 or s + n > len(data) or \
+                        (limit is not None and d + n > limit):
+                    codes.append(BAD)
+                else:
+                    view(ptr + d, n)[:] = memoryview(data)[s:s + n]
+                    codes.append(n)
+            per_key.append(codes)
+        out.append(per_key)
+    return out

@@ -1,0 +1,133 @@
+"""The compat store's tensor methods (upstream's put_tensor / get_tensor family), bound onto
+MooncakeDistributedStore: CPU tensors (a CUDA tensor is copied to the host; gets return CPU
+tensors), upstream's serialisation (tensors.py), tensor-parallel shards as `{key}_tp_{rank}`.
+A failed get gives None, a failed put its negative code; a put of a key that exists is 0."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mooncake_cli.compat import tensors
+from mooncake_cli.compat.types import native
+from mooncake_cli.store.errors import ErrorCode
+
+BAD, NO_HANDLE = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.NO_AVAILABLE_HANDLE)
+
+
+def _put(store: Any, keys: list[str], blobs: list[Any], config: Any, upsert: bool) -> list[int]:
+    from mooncake_cli.compat.store import put_code
+
+    if store._client is not None and store._buffer == 0:  # upstream: no local buffer, no handle
+        return [NO_HANDLE] * len(keys)
+    return store._run(lambda c: [put_code(e) for e in c.batch_put(keys, blobs, native(config),
+                                                                   upsert)],
+                      lambda e: [e] * len(keys))
+
+
+def _serialised(tensor_list: list[Any]) -> list[Any] | None:
+    try:
+        return [tensors.to_bytes(t) for t in tensor_list]
+    except tensors.TensorError:
+        return None
+
+
+def _put_tensors(store: Any, keys: list[str], tensor_list: list[Any], config: Any = None,
+                 upsert: bool = False) -> list[int]:
+    if len(keys) != len(tensor_list):
+        return [BAD] * len(keys)
+    blobs = _serialised(tensor_list)
+    return [BAD] * len(keys) if blobs is None else _put(store, keys, blobs, config, upsert)
+
+
+def put_tensor(self: Any, key: str, tensor: Any) -> int:
+    return _put_tensors(self, [key], [tensor])[0]
+
+
+def upsert_tensor(self: Any, key: str, tensor: Any) -> int:
+    return _put_tensors(self, [key], [tensor], upsert=True)[0]
+
+
+def pub_tensor(self: Any, key: str, tensor: Any, config: Any = None) -> int:
+    return _put_tensors(self, [key], [tensor], config)[0]
+
+
+def upsert_pub_tensor(self: Any, key: str, tensor: Any, config: Any = None) -> int:
+    return _put_tensors(self, [key], [tensor], config, True)[0]
+
+
+def batch_put_tensor(self: Any, keys: list[str], tensors_list: list[Any]) -> list[int]:
+    return _put_tensors(self, keys, tensors_list)
+
+
+def batch_upsert_tensor(self: Any, keys: list[str], tensors_list: list[Any]) -> list[int]:
+    return _put_tensors(self, keys, tensors_list, upsert=True)
+
+
+def batch_pub_tensor(self: Any, keys: list[str], tensors_list: list[Any],
+                     config: Any = None) -> list[int]:
+    return _put_tensors(self, keys, tensors_list, config)
+
+
+def batch_get_tensor(self: Any, keys: list[str]) -> list[Any]:
+    if self._client is not None and self._buffer == 0:
+        return [None] * len(keys)
+
+    def load(c: Any) -> list[Any]:
+        out = []
+        for buf in c.batch_get_buffers(keys):
+            try:
+                out.append(tensors.from_bytes(buf) if isinstance(buf, bytearray) else None)
+            except tensors.TensorError:
+                out.append(None)
+        return out
+    return self._run(load, lambda e: [None] * len(keys))
+
+
+def get_tensor(self: Any, key: str) -> Any:
+    return batch_get_tensor(self, [key])[0]
+
+
+def batch_put_tensor_with_tp(self: Any, base_keys: list[str], tensors_list: list[Any],
+                             tp_rank: int = 0, tp_size: int = 1,
+                             split_dim: int = 0) -> list[int]:
+    """Every shard of each tensor (all ranks, as upstream), one batch; per base key 0 when
+    every shard is stored, else the first error."""
+    if tp_size <= 1:
+        return _put_tensors(self, base_keys, tensors_list)
+    if len(base_keys) != len(tensors_list):
+        return [BAD] * len(base_keys)
+    keys: list[str] = []
+    blobs: list[Any] = []
+    out = [0] * len(base_keys)
+    owner: list[int] = []
+    for i, (key, t) in enumerate(zip(base_keys, tensors_list, strict=True)):
+        try:
+            shards = tensors.split(t, tp_size, split_dim)
+        except tensors.TensorError:
+            out[i] = BAD
+            continue
+        keys += [tensors.shard_key(key, r) for r in range(tp_size)]
+        blobs += shards
+        owner += [i] * tp_size
+    for i, rc in zip(owner, _put(self, keys, blobs, None, False) if keys else [], strict=True):
+        out[i] = out[i] or rc
+    return out
+
+
+def put_tensor_with_tp(self: Any, key: str, tensor: Any, tp_rank: int = 0, tp_size: int = 1,
+                       split_dim: int = 0) -> int:
+    return batch_put_tensor_with_tp(self, [key], [tensor], tp_rank, tp_size, split_dim)[0]
+
+
+def batch_get_tensor_with_tp(self: Any, base_keys: list[str], tp_rank: int = 0,
+                             tp_size: int = 1) -> list[Any]:
+    if tp_size <= 1:
+        return batch_get_tensor(self, base_keys)
+    return batch_get_tensor(self, [tensors.shard_key(k, tp_rank) for k in base_keys])
+
+
+def get_tensor_with_tp(self: Any, key: str, tp_rank: int = 0, tp_size: int = 1,
+                       split_dim: int = 0) -> Any:
+    """Rank `tp_rank`'s shard as put_tensor_with_tp stored it (`split_dim` is the split the
+    shards were made with: not needed to read one)."""
+    return batch_get_tensor_with_tp(self, [key], tp_rank, tp_size)[0]

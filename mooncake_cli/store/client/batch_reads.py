@@ -1,0 +1,62 @@
+"""Reading many objects into the caller's buffers at once: each key's nearest replica, every
+remote one in one engine batch (staged), local ones copied; a key whose first pick fails (a
+transfer error or a bad checksum) then tries its other replicas alone (ReplicaIO.read).
+
+    got = read_into(io, keys, replica_lists, [memoryview(b) for b in bufs], bufs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mooncake_cli.store.client.replica_io import ReplicaIO
+from mooncake_cli.store.errors import BufferOverflow, ObjectNotFound, StoreError
+from mooncake_cli.store.records import Replica
+from mooncake_cli.transfer.batch import Op, TransferRequest
+
+
+def read_into(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Replica]],
+              dests: Sequence[memoryview], objs: Sequence[Any]) -> list[int | StoreError]:
+    """Per key the bytes read into its dest, or the error it met (ObjectNotFound: no replica,
+    BufferOverflow: the dest is too small)."""
+    out: list[int | StoreError | None] = [None] * len(keys)
+    remote: list[tuple[int, Replica]] = []
+    for i, (key, rs) in enumerate(zip(keys, replicas, strict=True)):
+        if not rs:
+            out[i] = ObjectNotFound(f"object {key!r} has no replica")
+            continue
+        n = rs[0].size
+        if len(dests[i]) < n:
+            out[i] = BufferOverflow(f"object {key!r} is {n} bytes; the buffer holds "
+                                    f"{len(dests[i])}")
+            continue
+        first = io.order(rs)[0]
+        local = io.local_view(first)
+        if local is None:
+            remote.append((i, first))
+        else:
+            dests[i][:n] = local
+            if io._check(key, first, dests[i][:n], []):
+                out[i] = n
+    if remote:
+        with io._stage.hold(sum(r.size for _, r in remote)) as stage:
+            if stage is not None and stage.view is not None:
+                offs, pos = [], 0
+                for _, r in remote:
+                    offs.append(pos)
+                    pos += r.size
+                reqs = [TransferRequest(Op.READ, stage, o, r.segment, r.offset, r.size)
+                        for o, (_, r) in zip(offs, remote, strict=True)]
+                for o, (i, r), why in zip(offs, remote, io._run(reqs), strict=True):
+                    view = stage.view[o:o + r.size]
+                    if why is None and io._check(keys[i], r, view, []):
+                        dests[i][:r.size] = view
+                        out[i] = r.size
+    for i, value in enumerate(out):
+        if value is None:  # the first pick failed (or was too big to stage): one by one
+            try:
+                out[i] = io.read(keys[i], replicas[i], dests[i], objs[i])
+            except StoreError as e:
+                out[i] = e
+    return out  # type: ignore[return-value]
