@@ -43,7 +43,7 @@ class TargetServer:
                  max_per_peer: int = MAX_PER_PEER, idle_timeout: float | None = None,
                  handshake_timeout: float | None = None) -> None:
         self.segment = segment
-        self.grants = grants or Grants()
+        self.grants = grants if grants is not None else Grants()
         self._describe = describe
         self._idle_timeout = IDLE_TIMEOUT if idle_timeout is None else idle_timeout
         self.served = Served(max_connections, min(max_per_peer, max_connections))

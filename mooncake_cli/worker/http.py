@@ -23,6 +23,7 @@ from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.schema import parse
 from mooncake_cli.asgi import body, note, sse, text_response
+from mooncake_cli.worker.kvgrant import KVGrants
 
 if TYPE_CHECKING:
     from mooncake_cli.worker.decode import DecodeWorker
@@ -79,17 +80,22 @@ def prefill_routes(w: PrefillWorker) -> list[Route]:
 
 
 def decode_routes(w: DecodeWorker) -> list[Route]:
+    grants = KVGrants(w)  # the write capability of each reservation
+
     async def reserve(request: Request) -> Response:
         _refuse_when_draining(w)
         req = parse(roles.ReserveRequest, await body(request))
         note(request, request_id=req.request_id, num_tokens=req.num_tokens)
-        answer = w.reserve(req)
+        grants.sweep()
+        holder = request.client.host if request.client else ""
+        answer = grants.grant(w.reserve(req), req.request_id, holder)
         note(request, blocks=len(answer.block_ids))
         return _json(answer)
 
     async def release(request: Request) -> Response:
         req = parse(roles.ReleaseRequest, await body(request))
         note(request, request_id=req.request_id)
+        grants.revoke(req.request_id)
         return _json(w.release(req))
 
     async def generate(request: Request) -> Response:
@@ -98,9 +104,11 @@ def decode_routes(w: DecodeWorker) -> list[Route]:
         try:
             req = parse(roles.GenerateRequest, raw)
         except ServingError:  # a request that cannot run gives its reserved blocks back
+            grants.revoke(_request_id(raw))
             w.forget(_request_id(raw))
             raise
         note(request, request_id=req.request_id, prompt_tokens=len(req.token_ids))
+        grants.revoke(req.request_id)  # its KV is written: nobody writes there any more
         events = w.generate(req)
         if req.stream:
             return sse(events)

@@ -15,6 +15,7 @@ from mooncake_cli.jsonhttp import call
 from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
+from mooncake_cli.worker.kvgrant import GrantedReserve
 
 log = logging.getLogger("mooncake.worker")
 
@@ -55,11 +56,16 @@ class KVStream:
                                else ErrorCode.DECODE_REFUSED, message, retry_after=1
                                if code is ErrorCode.KV_FULL else None)
         try:
-            got = validate(roles.ReserveAnswer, answer.body)
+            got = validate(GrantedReserve, answer.body)
         except ServingError as e:
             self.release()
             raise self._refused(f"answered a malformed reservation: {e}") from None
         self.segment, self.block_ids, self.base = got.segment, list(got.block_ids), got.base
+        try:  # the write capability the decode side checks on every WRITE ("" from old ones)
+            self.capability = bytes.fromhex(got.capability) if got.capability else None
+        except ValueError:
+            self.release()
+            raise self._refused("answered a malformed write capability") from None
         if got.block_bytes != block_bytes:
             self.release()
             raise ServingError(ErrorCode.BLOCK_MISMATCH, f"decode worker {self.url} caches "
@@ -77,7 +83,8 @@ class KVStream:
         """WRITE each (index in the block table, local pool block) to the reserved block."""
         bb = self.block_bytes
         reqs = [TransferRequest(Op.WRITE, self.region, local * bb, self.segment,
-                                self.base + self.block_ids[i] * bb, bb) for i, local in pairs]
+                                self.base + self.block_ids[i] * bb, bb, self.capability)
+                for i, local in pairs]
         if reqs:
             self._batches.append(self.engine.submit(reqs))
             self.bytes_sent += bb * len(reqs)

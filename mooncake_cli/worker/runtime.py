@@ -99,6 +99,8 @@ class WorkerRuntime:
                                      name="" if p2p else (tc.name or self.name))
             self.engine = TransferEngine(tc, registry or Registry.from_env())
             self.pool_region = self.engine.register(self.cache.pool)
+            if self.role == "decode":  # prefill writes KV there only with a reservation's
+                self.engine.guard(self.pool_region)  # capability (worker/kvgrant.py)
             if cfg.uses_store:
                 self.store = StoreClient(cfg.store, self.engine, cfg.segment_size,
                                          client_id=f"{self.name}-{self.engine.name}",
