@@ -8,9 +8,10 @@ Handlers are `async def handler(request) -> dict | Response`; they read their bo
 `await body(request)` and raise `ServingError` (mooncake_cli.api.errors): here, and only here,
 it becomes a status code and an OpenAI-style error body. Bounds: bodies over `max_body` bytes
 (413, chunked ones too) or slower than `body_timeout` (408), request headers not complete within
-`header_timeout` and connections idle for `idle_timeout` (closed), headers over `max_header`
+`header_timeout` and connections idle for `idle_timeout` (closed; beyond half of
+`max_connections` waiting for headers at once, the longest waiting), headers over `max_header`
 bytes (400), at most `max_connections` at once (503 beyond) and at most `body_budget` bytes
-of bodies being read at once, over all connections (503 beyond, before reading). Malformed
+of bodies being read at once, over all connections (503 beyond). Malformed
 JSON, deep nesting and lone surrogates are 400 (see `mooncake_cli.api.schema`); nothing a
 client sends is a 500.
 
@@ -31,7 +32,6 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import h11
 import uvicorn
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
@@ -40,11 +40,11 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.audit import AuditLog
 from mooncake_cli.edge_middleware import NOTES, Audited, Guard, Guarded, error_response
+from mooncake_cli.http_bounds import bounded_protocol
 from mooncake_cli.prometheus import CONTENT_TYPE
 
 __all__ = ["Guard", "Limits", "Server", "body", "edge_app", "error_response", "note", "sse",
@@ -89,17 +89,16 @@ class BodyBudget:
 
 async def body(request: Request) -> bytes:
     """The request body, within the app's `Limits` (413 when too large, 408 when too slow,
-    503 when the server's body budget is spent), its declared length checked before reading."""
+    503 when the server's body budget is spent), its declared length checked before reading.
+    The budget is charged with what arrives (a declared length alone holds nothing)."""
     limits: Limits = request.app.state.limits
     budget: BodyBudget = request.app.state.body_budget
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body:
         raise ServingError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body of {declared} bytes is "
                            f"over {limits.max_body}")
-    held = int(declared) if declared is not None and declared.isdigit() else 0
-    budget.take(held)
     chunks: list[bytes] = []
-    size = 0
+    size = held = 0  # bytes read, and taken from the budget (what arrived, not what is declared)
 
     async def read() -> None:
         nonlocal size, held
@@ -108,9 +107,8 @@ async def body(request: Request) -> bytes:
             if size > limits.max_body:
                 raise ServingError(ErrorCode.PAYLOAD_TOO_LARGE,
                                    f"request body is over {limits.max_body} bytes")
-            if size > held:  # chunked, or longer than declared
-                budget.take(size - held)
-                held = size
+            budget.take(len(chunk))
+            held = size
             chunks.append(chunk)
 
     try:
@@ -177,40 +175,6 @@ def edge_app(routes: Sequence[BaseRoute], limits: Limits | None = None,
     return app
 
 
-def _protocol(header_timeout: float) -> type[H11Protocol]:
-    class Bounded(H11Protocol):
-        """uvicorn's h11 protocol, closing connections whose request headers do not arrive
-        within `header_timeout` of connecting or of the last answer (idle ones too)."""
-
-        _deadline: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def _arm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = self.loop.call_later(header_timeout, self._expire)
-
-        def _expire(self) -> None:
-            waiting = self.cycle is None or self.cycle.response_complete
-            if waiting and self.conn.their_state is h11.IDLE and \
-                    not self.transport.is_closing():
-                self.transport.close()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            super().connection_lost(exc)
-
-    return Bounded
-
-
 class Server:
     """`app` under uvicorn on a background thread. Binds at construction (port 0 picks a free
     one); serves once `start`ed, until `close`."""
@@ -230,7 +194,8 @@ class Server:
         self.host, self.port = str(host), int(self._sock.getsockname()[1])
         config = uvicorn.Config(
             app, lifespan="off", log_level="warning", access_log=False, proxy_headers=False,
-            http=_protocol(limits.header_timeout), loop="asyncio",
+            http=bounded_protocol(limits.header_timeout, max(1, limits.max_connections // 2)),
+            loop="asyncio",
             timeout_keep_alive=int(max(1, limits.idle_timeout)),
             h11_max_incomplete_event_size=limits.max_header,
             limit_concurrency=limits.max_connections, backlog=2048,

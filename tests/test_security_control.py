@@ -90,9 +90,10 @@ def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                                 **secret))
         workers = {role: read_line(p, 120)["url"]
                    for role, p in zip(("prefill", "decode"), procs[2:], strict=True)}
+        pids = {"conductor_pid": procs[1].pid, "decode_pid": procs[3].pid}
         assert {i["name"] for i in _wait_registered(url, {"prefill-0", "decode-0"})
                 if i["alive"]} == {"prefill-0", "decode-0"}
-        yield {"master": master, "url": url, "audit": audit, **workers}
+        yield {"master": master, "url": url, "audit": audit, **workers, **pids}
     finally:
         _stop(procs)
 
@@ -177,6 +178,38 @@ def test_a_worker_name_cannot_be_taken_over(roles) -> None:
     taken = [x for x in lines if x["event"] == "refused" and x.get("name") == "decode-0"]
     assert [x["status"] for x in taken] == [403] * 4
     assert {x["attempted"] for x in taken} == {"register", "deregister"}
+
+
+def _threads(pid: int) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"Threads:\s+(\d+)", text).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("target", ["decode", "url"])
+def test_10000_idle_connections_leave_room_for_requests(roles, target: str) -> None:
+    """A worker answers 4,096 connections at once, the conductor 16,384: idle sockets beyond
+    half of that are closed, oldest first, so requests are still served."""
+    pid = roles["decode_pid" if target == "decode" else "conductor_pid"]
+    host, port, _ = jsonhttp.split(roles[target])
+    rss, threads = _rss(pid), _threads(pid)
+    socks = []
+    try:
+        for _ in range(10_000):
+            socks.append(socket.create_connection((host, port), timeout=10))
+        time.sleep(1)
+        if target == "decode":
+            ans = jsonhttp.call(roles["decode"] + "/v1/load", auth=Signer(SECRET), timeout=10)
+            assert ans.status == 200, ans.body
+        else:
+            done = httpx.post(roles["url"] + "/v1/completions", json=BODY, timeout=60,
+                              headers=BEARER)
+            assert done.status_code == 200, done.text
+        grown, more = _rss(pid) - rss, _threads(pid) - threads
+        print(f"{target}: 10,000 idle connections: RSS +{grown >> 20} MiB, threads +{more}")
+        assert grown < 300 << 20 and more < 8
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _master_refuses(address: str) -> None:
