@@ -156,3 +156,11 @@ app.command("model")(bench_model.model)
 from mooncake_cli.commands import bench_store_policy  # noqa: E402
 
 app.command("store-policy")(bench_store_policy.store_policy)
+
+from mooncake_cli.commands import bench_burst  # noqa: E402
+
+app.command("burst")(bench_burst.burst)
+
+from mooncake_cli.commands import bench_chaos  # noqa: E402
+
+app.command("chaos")(bench_chaos.chaos)
