@@ -135,9 +135,14 @@ PROSE: dict[str, dict[str, Any]] = {
             "routes each request: it tokenizes the prompt, computes the chained KV block keys, "
             "and lets the scheduling policy pick the prefill instance with the lowest "
             "estimated TTFT (queue time, prefill time of the uncached part, time to fetch a "
-            "longer prefix held elsewhere) and a decode instance with KV room. When no pair "
-            "can meet --ttft-slo or --tbt-slo it answers 429 with Retry-After. A prefill "
-            "instance that cannot be reached is marked dead and the request placed again.",
+            "longer prefix held elsewhere) and a decode instance with KV room. A request the "
+            "cluster has no room for now waits in a FIFO queue (at most --max-queue; 503 with "
+            "Retry-After beyond; a client that disconnects leaves it); with --ttft-slo it "
+            "gets 429 only when its predicted TTFT, the queue wait included, breaks the SLO "
+            "(Retry-After: the predicted wait), and with --tbt-slo when the predicted TBT "
+            "does. Decode workers allocate KV as sequences grow and preempt the most recently "
+            "admitted ones when full, parking their KV in the store. A prefill instance that "
+            "cannot be reached is marked dead and the request placed again.",
             "Workers come from --prefill/--decode (polled), register themselves over HTTP "
             "(mooncake prefill --conductor URL), or through etcd (--registry). With --local "
             "P,D it also starts, in this process, a store master, P prefill and D decode "
