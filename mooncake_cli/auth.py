@@ -17,11 +17,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import json
 import os
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Collection
+from typing import Any
 
 from starlette.requests import Request
 from starlette.types import Message, Receive
@@ -99,6 +101,29 @@ class Signer:
 
 def signer(secret: str) -> Signer | None:
     return Signer(secret) if secret else None
+
+
+def sign_record(secret: str, record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with `signed_at` and a `mac` over both (for records kept where others may
+    write, such as registrations in etcd)."""
+    body = {**record, "signed_at": round(time.time(), 3)}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return {**body, "mac": hmac.new(secret.encode(), canonical, hashlib.sha256).hexdigest()}
+
+
+def verify_record(secret: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The record `sign_record` signed, without `mac` and `signed_at`; ValueError when its
+    MAC is missing or wrong, or it was signed more than `WINDOW` seconds ago."""
+    body = {k: v for k, v in record.items() if k != "mac"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    mac = record.get("mac")
+    expected = hmac.new(secret.encode(), canonical, hashlib.sha256).hexdigest()
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, expected):
+        raise ValueError("unsigned, or not signed with this cluster's secret")
+    age = time.time() - float(body.pop("signed_at", 0))
+    if not -WINDOW <= age <= WINDOW:
+        raise ValueError(f"signed {age:.0f} s ago (a replayed record?)")
+    return body
 
 
 def _refused(why: str) -> ServingError:

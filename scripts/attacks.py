@@ -165,6 +165,26 @@ def stalled_bodies(c: dict[str, Any]) -> str:
         f" (+{grown} MiB RSS; a request meanwhile: {ok})"
 
 
+def threads(pid: int) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"Threads:\s+(\d+)", text).group(1))  # type: ignore[union-attr]
+
+
+def idle_connections(c: dict[str, Any], n: int = 10_000) -> str:
+    """`n` sockets that connect and say nothing, against the conductor; then a request."""
+    before, t0 = rss(c["pid"]), threads(c["pid"])
+    host, port, _ = jsonhttp.split(c["url"])
+    socks = [socket.create_connection((host, port), timeout=10) for _ in range(n)]
+    time.sleep(1)
+    grown, more = (rss(c["pid"]) - before) >> 20, threads(c["pid"]) - t0
+    ok = httpx.post(c["url"] + "/v1/completions", json=BODY, headers=c["headers"],
+                    timeout=60).status_code
+    for s in socks:
+        s.close()
+    return ("bounded" if ok == 200 and grown < 300 else "GOT THROUGH") + \
+        f" (+{grown} MiB RSS, +{more} threads; a request meanwhile: {ok})"
+
+
 def attacks(c: dict[str, Any]) -> list[tuple[str, Callable[[], str]]]:
     cu, p, d, wrong = c["url"], c["prefill"], c["decode"], Signer("guessed-secret")
     insider = Signer(SECRET)
@@ -192,6 +212,7 @@ def attacks(c: dict[str, Any]) -> list[tuple[str, Callable[[], str]]]:
             c["master"], protocol.PutStart("poison", 4096))),
         ("store: remove every object", lambda: store(c["master"], protocol.RemoveAll(True))),
         ("100 connections x 7 MiB stalled bodies", lambda: stalled_bodies(c)),
+        ("10,000 idle connections to the conductor", lambda: idle_connections(c)),
     ]
     if c.get("insider"):
         out += [("insider: take over decode-0's name", lambda: http(

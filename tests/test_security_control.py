@@ -333,3 +333,41 @@ def test_beyond_loopback_needs_a_secret(args: tuple[str, ...]) -> None:
                           cwd=REPO, env=_env(), timeout=120)
     assert done.returncode == 2, done.stderr
     assert b"--secret-file" in done.stderr and b"MOONCAKE_SECRET" in done.stderr
+
+
+def test_etcd_registrations_are_signed(etcd: str) -> None:
+    """With the secret, the conductor ignores registrations written into etcd by anyone else."""
+    import etcd3gw
+
+    from mooncake_cli.conductor.config import ConductorConfig
+    from mooncake_cli.conductor.etcd_registry import PREFIX, parse
+    from mooncake_cli.conductor.service import ConductorService
+    from mooncake_cli.config import TransferConfig
+    from mooncake_cli.worker.config import WorkerConfig
+    from mooncake_cli.worker.decode import DecodeWorker
+
+    registry = etcd + "/signed"
+    svc = ConductorService(ConductorConfig(port=0, registry=registry, poll_interval=0.2),
+                           SECRET).start()
+    d = DecodeWorker(WorkerConfig(role="decode", name="d", conductor=registry, heartbeat=0.2,
+                                  kv_blocks=32), TransferConfig(secret=SECRET)).start()
+    host, port = parse(etcd)[0][0]
+    client = etcd3gw.client(host=host, port=port)
+    fake = {"name": "fake", "role": "prefill", "url": "http://127.0.0.1:9"}
+    client.put(PREFIX + "signed/fake", json.dumps(fake))
+    client.put(PREFIX + "signed/forged", json.dumps({**fake, "name": "forged", "mac": "00",
+                                                     "signed_at": time.time()}))
+    try:
+        deadline = time.monotonic() + 15
+        seen: set[str] = set()
+        while time.monotonic() < deadline and "d" not in seen:
+            seen = {i["name"] for i in httpx.get(svc.url + "/v1/instances").json()["instances"]}
+            time.sleep(0.2)
+        time.sleep(0.6)  # three more polls
+        seen = {i["name"] for i in httpx.get(svc.url + "/v1/instances").json()["instances"]}
+        assert seen == {"d"}
+        assert "mac" in json.loads(client.get(PREFIX + "signed/d")[0])
+    finally:
+        client.delete_prefix(PREFIX + "signed/")
+        d.close()
+        svc.close()

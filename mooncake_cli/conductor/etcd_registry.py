@@ -5,7 +5,8 @@ body (role, name, url, load) under `/mooncake/instances/CLUSTER/NAME`, attached 
 3 heartbeats that it refreshes (rewriting the body, so the load stays current); a worker that
 dies lets the lease, and the key, expire. A conductor given `--registry etcd://...` reads the
 prefix every poll interval and registers what it finds; a key that disappears deregisters its
-instance at once.
+instance at once. With the cluster secret, each body is signed (`mooncake_cli.auth.sign_record`)
+and the conductor ignores bodies that are unsigned, wrongly signed or older than a minute.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mooncake_cli.api.errors import ServingError
+from mooncake_cli.auth import sign_record, verify_record
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.etcd import EtcdClients, EtcdUrl
 from mooncake_cli.interfaces import MetadataError
@@ -44,9 +46,10 @@ class EtcdRegistrar:
     """The worker side: same interface as the HTTP `Registrar` (start, close, registered)."""
 
     def __init__(self, url: str, payload: Callable[[], dict[str, Any]], interval: float,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, secret: str = "") -> None:
         self.etcd = _Etcd(url, timeout)
         self.payload = payload
+        self.secret = secret
         self.interval = interval
         self.ttl = max(2, int(round(interval * 3)))
         self.registered = 0
@@ -63,6 +66,8 @@ class EtcdRegistrar:
     def _publish(self) -> None:
         body = self.payload()
         key = self.etcd.prefix + str(body["name"])
+        if self.secret:
+            body = sign_record(self.secret, body)
 
         def put(client: Any) -> None:
             alive = False
@@ -107,8 +112,9 @@ class EtcdPoller:
     """The conductor side: registers every instance found under the prefix."""
 
     def __init__(self, instances: Instances, url: str, interval: float,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, secret: str = "") -> None:
         self.instances = instances
+        self.secret = secret
         self.etcd = _Etcd(url, timeout)
         self.interval = interval
         self._seen: set[str] = set()
@@ -133,6 +139,8 @@ class EtcdPoller:
                 body = json.loads(value)
                 if not isinstance(body, dict):
                     raise ValueError(f"a registration must be a JSON object, not {body!r:.80}")
+                if self.secret:
+                    body = verify_record(self.secret, body)
                 now.add(self.instances.register(body).name)
             except (ValueError, TypeError, AttributeError, ServingError) as e:
                 log.warning("ignoring a bad registration in etcd: %s", e)

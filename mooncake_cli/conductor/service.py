@@ -83,7 +83,7 @@ class ConductorService:
         self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval, auth)
         self.etcd: EtcdPoller | None = None
         if cfg.registry:
-            self.etcd = EtcdPoller(instances, cfg.registry, cfg.poll_interval)
+            self.etcd = EtcdPoller(instances, cfg.registry, cfg.poll_interval, secret=secret)
         limits = Limits(max_connections=cfg.max_connections, idle_timeout=cfg.idle_timeout)
         self.audit = AuditLog.open(cfg.audit_log, "conductor")
         self.app = edge_app(routes(self.conductor, Identities(instances)), limits,

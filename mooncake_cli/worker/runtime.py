@@ -62,7 +62,7 @@ class WorkerRuntime:
         self.draining = threading.Event()
         secret = (transfer or TransferConfig()).secret
         require_secret(split_listen(cfg.listen)[0], secret, f"the {self.role} worker")
-        self.auth = signer(secret)
+        self.auth, self._secret = signer(secret), secret
         if cfg.threads:
             import torch
 
@@ -76,6 +76,7 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics(self.role, {
             "running": lambda: float(self.load()["running"]),
             "waiting": lambda: float(self.load()["waiting"]),
+            "preempted": lambda: float(self.load().get("preempted", 0)),
             "free_blocks": lambda: float(self.cache.allocator.free),
             "total_blocks": lambda: float(self.cache.num_blocks),
             "kv_used_bytes": lambda: float((self.cache.num_blocks - self.cache.allocator.free)
@@ -141,7 +142,7 @@ class WorkerRuntime:
             from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
 
             self._registrar = EtcdRegistrar(self.cfg.conductor, self.registration,
-                                            self.cfg.heartbeat).start()
+                                            self.cfg.heartbeat, secret=self._secret).start()
         elif self.cfg.conductor:
             self._registrar = Registrar(self.cfg.conductor, self.registration,
                                         self.cfg.heartbeat, auth=self.auth).start()
