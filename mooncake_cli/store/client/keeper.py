@@ -21,18 +21,19 @@ from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.records import Replica, Segment
 from mooncake_cli.store.reports import HoldingsReport
 from mooncake_cli.store.wire import protocol as p
-from mooncake_cli.store.wire.rpc import MasterConnection
+from mooncake_cli.store.wire.fastlane import LaneSlot
 
 log = logging.getLogger("mooncake.store")
 REGISTER_CHUNK = 1024  # replicas re-registered per request
 
 
 class HoldingsKeeper:
-    """The heartbeat of client `client_id` over `conn`. `view(replica)` is the bytes of a
+    """The heartbeat of client `client_id` over `conn` (the master's same-host lane when it
+    has one, else zmq). `view(replica)` is the bytes of a
     replica in the client's segment (None if not there); `after_mount()` runs after each
     re-mount (the SSD segment mounts and rescans there)."""
 
-    def __init__(self, conn: MasterConnection, client_id: str, segment: Segment | None,
+    def __init__(self, conn: LaneSlot, client_id: str, segment: Segment | None,
                  holdings: Holdings, view: Callable[[Replica], memoryview | None],
                  after_mount: Callable[[], object]) -> None:
         self.conn = conn

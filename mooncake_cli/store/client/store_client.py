@@ -96,8 +96,10 @@ class StoreClient:
                     self._try(p.UnmountSegment(self.segment.name, self.segment.base))
                 self._teardown()
                 raise
-        self.keeper = HoldingsKeeper(self._beat, self.client_id, self.segment, self.holdings,
-                                     self.io.local_view, lambda: self.ssd and self.ssd.mount())
+        self._beat_lane = LaneSlot(self._beat, timeout)  # owners confirm changes by it (HA)
+        self.keeper = HoldingsKeeper(self._beat_lane, self.client_id, self.segment,
+                                     self.holdings, self.io.local_view,
+                                     lambda: self.ssd and self.ssd.mount())
         self._thread = threading.Thread(target=self._heartbeat, args=(heartbeat,),
                                         name="mooncake-store-heartbeat", daemon=True)
         self._thread.start()
@@ -374,6 +376,9 @@ class StoreClient:
     # -- shutdown --------------------------------------------------------------------------------
     def _teardown(self) -> None:
         self._lanes.close()
+        lane = self.__dict__.get("_beat_lane")
+        if lane is not None:
+            lane.close()
         io = self.__dict__.get("io")  # absent when the constructor failed before making it
         if io is not None:
             io.close()

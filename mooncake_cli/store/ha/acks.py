@@ -37,7 +37,7 @@ from mooncake_cli.store.wire import protocol as p
 DURABLE_TIMEOUT = 2.0  # seconds an owner has to confirm a change (below clients' timeouts)
 MAX_POLL_WAIT = 2.0  # the longest a PollHoldings is held
 WARM_UP = 1.0  # seconds a new leader answers misses with "not ready, retry"
-DURABLE = (p.PutEnd, p.BatchPutEnd, p.Remove, p.BatchRemove, p.RemoveAll)
+DURABLE = (p.PutEnd, p.BatchPutEnd, p.Remove, p.BatchRemove, p.RemoveAll, p.BatchReplicaClear)
 READS = (p.GetReplicaList, p.BatchGetReplicaList, p.Exists, p.BatchExists, p.Describe,
          p.BatchDescribe)
 _FALSE = msgspec.msgpack.encode(False)
