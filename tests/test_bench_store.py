@@ -19,7 +19,8 @@ from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.registry import Registry
 
 TINY = ["--sizes", "4KiB,64KiB", "--batches", "1,3", "--duration", "0.2", "--iterations", "6",
-        "--segment-size", "16MiB"]
+        "--segment-size", "16MiB", "--tensor-sizes", "64KiB"]
+TENSOR_ROWS = [(op, 65536, b) for b in (1, 4) for op in ("put_tensor", "get_tensor")]
 FIELDS = ("name", "transport", "op", "block_size", "batch_size", "bytes", "transfers",
           "seconds", "gbps", "transfers_per_s", "p50_us", "p99_us", "verified", "note")
 
@@ -59,7 +60,7 @@ def test_every_row_runs_and_verifies(mode: str, via: str) -> None:
     reps = reports("--mode", mode)
     rows = [(r["row"]["op"], r["row"]["size"], r["row"]["batch"]) for r in reps]
     want = [(op, s, b) for s in (4096, 65536) for b in (1, 3) for op in ("put", "get")]
-    assert rows == want + [("exists", 4096, 1)]
+    assert rows == want + [("exists", 4096, 1)] + TENSOR_ROWS
     for rep in reps:
         assert check(rep)["transport"] == via
         assert rep["ratio"] is None and rep["skipped"] == {}
@@ -68,13 +69,17 @@ def test_every_row_runs_and_verifies(mode: str, via: str) -> None:
 def test_human_table_and_bad_options() -> None:
     p = subprocess.run([sys.executable, "-m", "mooncake_cli", "bench", "store", "--sizes",
                         "4KiB", "--batches", "2", "--iterations", "3", "--duration", "0.1",
-                        "--segment-size", "4MiB"], capture_output=True, text=True,
+                        "--segment-size", "4MiB", "--tensor-sizes", ""], capture_output=True,
+                       text=True,
                        timeout=240, env=child_env(COLUMNS="200"))
     assert p.returncode == 0, p.stderr[-2000:]
     assert "bench store: local mode" in p.stdout and "exists 4KiB" in p.stdout
+    assert "tensor" not in p.stdout
     for args, words in ((["--sizes", "4KiB,huge"], "--sizes"), (["--batches", "0"], "--batches"),
                         (["--mode", "nowhere"], "--mode"),
-                        (["--sizes", "4MiB", "--segment-size", "1MiB"], "--segment-size")):
+                        (["--sizes", "4MiB", "--segment-size", "1MiB"], "--segment-size"),
+                        (["--tensor-sizes", "big"], "--tensor-sizes"),
+                        (["--tensor-sizes", "1MiB", "--segment-size", "8MiB"], "--segment-size")):
         p = bench(*args, timeout=60)
         assert p.returncode == 2, (args, p.stderr)
         assert words in p.stderr and "Traceback" not in p.stderr
@@ -98,7 +103,7 @@ class FlippingStore:
 
 def test_verification_fails_on_wrong_bytes() -> None:
     cfg = BenchStoreConfig(sizes="4KiB", batches="2", duration=0.1, iterations=3,
-                           segment_size=4 << 20)
+                           segment_size=4 << 20, tensor_sizes="")
     with StoreBench(cfg, TransferConfig(), Registry.from_env()) as b:
         b.store.put("v/k", b"A" * 100)
         assert verify(b.store, ["v/k"], [b"A" * 100]) == ""
@@ -120,7 +125,7 @@ def test_verification_fails_on_wrong_bytes() -> None:
                            "pip install 'mooncake-cli[upstream]'")
 def test_compare_upstream() -> None:
     reps = reports("--sizes", "4KiB", "--batches", "2", "--compare-upstream")
-    assert len(reps) == 3
+    assert len(reps) == 3 + len(TENSOR_ROWS)
     for rep in reps:
         check(rep)
         up = check(rep, "upstream")

@@ -42,6 +42,7 @@ class BenchStoreConfig:
     iterations: int = 0  # calls per row at most; 0: no limit
     segment_size: int = size_field(1 << 30, "bytes the holding client contributes")
     compare_upstream: bool = False
+    tensor_sizes: str = "16MiB"  # bf16 tensors of the put_tensor/get_tensor rows; "": none
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -50,10 +51,12 @@ class BenchStoreConfig:
             raise ConfigError(f"--duration must be > 0 seconds, not {self.duration:g}")
         if self.iterations < 0:
             raise ConfigError(f"--iterations must be >= 0 (0: no limit), not {self.iterations}")
-        need = max(self.size_list) * max(self.batch_list) * 2
+        need = max(max(self.size_list) * max(self.batch_list) * 2,
+                   max(self.tensor_size_list, default=0) * 16 + (16 << 10))
         if self.segment_size < need:
             raise ConfigError(f"--segment-size {human_size(self.segment_size)} cannot hold two "
-                              f"batches of the largest value; give at least {human_size(need)}")
+                              f"batches of the largest value (16 of the largest tensor); give at "
+                              f"least {human_size(need)}")
 
     @property
     def size_list(self) -> list[int]:
@@ -64,6 +67,13 @@ class BenchStoreConfig:
         if not sizes or min(sizes) < 1:
             raise ConfigError("--sizes needs value sizes >= 1 byte, e.g. 4KiB,1MiB")
         return sizes
+
+    @property
+    def tensor_size_list(self) -> list[int]:
+        try:
+            return [parse_size(s) for s in self.tensor_sizes.split(",") if s.strip()]
+        except ConfigError as e:
+            raise ConfigError(f"--tensor-sizes: {e}") from None
 
     @property
     def batch_list(self) -> list[int]:
@@ -96,7 +106,10 @@ class _Ours:
     """The workload's Store over our StoreClient (per-key errors raise)."""
 
     def __init__(self, client: StoreClient) -> None:
+        from mooncake_cli.compat.store import MooncakeDistributedStore
+
         self.c = client
+        self.compat = MooncakeDistributedStore.over(client)
 
     def put(self, key: str, value: bytes) -> None:
         self.c.put(key, value)
@@ -118,6 +131,22 @@ class _Ours:
 
     def exists(self, key: str) -> bool:
         return self.c.exists(key)
+
+    # tensor rows: upstream's tensor API through our compat class (what a port runs)
+    def put_tensor(self, key: str, tensor: Any) -> None:
+        if (rc := self.compat.put_tensor(key, tensor)) != 0:
+            raise MooncakeError(f"put_tensor {key!r} returned {rc}")
+
+    def batch_put_tensor(self, keys: list[str], tensors: list[Any]) -> None:
+        rcs = self.compat.batch_put_tensor(keys, tensors)
+        if any(rcs):
+            raise MooncakeError(f"batch_put_tensor returned {rcs}")
+
+    def get_tensor(self, key: str) -> Any:
+        return self.compat.get_tensor(key)
+
+    def batch_get_tensor(self, keys: list[str]) -> list[Any]:
+        return list(self.compat.batch_get_tensor(keys))
 
     def clear(self) -> None:
         self.c.remove_all(force=True)
@@ -186,7 +215,11 @@ class StoreBench:
         self._children.append(self._up)
 
     def rows(self) -> list[wl.Row]:
-        return wl.rows(self.cfg.size_list, self.cfg.batch_list)
+        from mooncake_cli.bench.store_tensors import BATCHES, OPS
+
+        tensor = [wl.Row(op, size, b) for size in self.cfg.tensor_size_list for b in BATCHES
+                  for op in OPS]
+        return wl.rows(self.cfg.size_list, self.cfg.batch_list) + tensor
 
     def run(self, row: wl.Row) -> Report:
         cfg = self.cfg

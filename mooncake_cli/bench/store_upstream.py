@@ -186,6 +186,21 @@ class _Upstream:
     def exists(self, key: str) -> bool:
         return bool(self.s.is_exist(key) == 1)
 
+    def put_tensor(self, key: str, tensor: Any) -> None:
+        if (rc := self.s.put_tensor(key, tensor)) != 0:
+            raise RuntimeError(f"put_tensor {key!r} returned {rc}")
+
+    def batch_put_tensor(self, keys: list[str], tensors: list[Any]) -> None:
+        rcs = self.s.batch_put_tensor(keys, tensors)
+        if any(rcs):
+            raise RuntimeError(f"batch_put_tensor returned {rcs}")
+
+    def get_tensor(self, key: str) -> Any:
+        return self.s.get_tensor(key)
+
+    def batch_get_tensor(self, keys: list[str]) -> list[Any]:
+        return list(self.s.batch_get_tensor(keys))
+
     def clear(self) -> None:
         self.s.remove_all(True)
 

@@ -107,7 +107,14 @@ def _loop(call: Callable[[int], None], duration: float, iterations: int, label: 
 
 def run_row(store: Store, row: Row, duration: float, iterations: int, name: str, via: str,
             progress: Progress | None = None, label: str = "", prefix: str = "bench") -> Result:
-    """Measure `row` on `store`; a Result whose `verified` says whether the bytes matched."""
+    """Measure `row` on `store`; a Result whose `verified` says whether the bytes matched.
+    Tensor rows (store_tensors.py) need `store` to have the tensor calls too."""
+    from mooncake_cli.bench import store_tensors
+
+    if row.op in store_tensors.OPS:
+        return store_tensors.run_tensor_row(store, row.op, row.size, row.batch,  # type: ignore[arg-type]
+                                            duration, iterations, name, via, progress, label,
+                                            prefix)
     if row.op not in OPS:
         raise ValueError(f"unknown op {row.op!r}")
     label = label or f"{name} {row.op}"

@@ -78,13 +78,17 @@ def store(
     compare_upstream: bool = typer.Option(None, "--compare-upstream", help="Run each row "
                                           "through upstream's mooncake_master and "
                                           "MooncakeDistributedStore (tcp) too."),
+    tensor_sizes: str = typer.Option(None, "--tensor-sizes", help="bf16 tensor sizes of the "
+                                     "put_tensor/get_tensor rows (batches 1 and 4; our side "
+                                     "through the compat API) [default: 16MiB; '': none]."),
 ) -> None:
     """Measure put/get/batch GB/s and ops/s per value size, and exists / 4 KiB get latency;
     every row is read back and compared byte for byte."""
     out: Out = ctx.obj
     cfg = load(BenchStoreConfig, "bench_store", out.config_file, mode=mode, master=master,
                sizes=sizes, batches=batches, duration=duration, iterations=iterations,
-               segment_size=segment_size, compare_upstream=compare_upstream)
+               segment_size=segment_size, compare_upstream=compare_upstream,
+               tensor_sizes=tensor_sizes)
     base = c.transfer_config(out)
     registry = Registry.from_env()
     if out.json:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -71,11 +72,22 @@ class MooncakeDistributedStore:
     def __init__(self, timeout: float = 5.0) -> None:
         self.timeout = timeout  # seconds per master request (not an upstream argument)
         self._engine: TransferEngine | None = None
-        self._own_engine = True
+        self._own_engine = self._own_client = True
         self._client: Any = None  # mooncake_cli.store.client.StoreClient once set up
         self._hostname = ""
         self._buffer = 0  # local_buffer_size
         self._buffers: dict[int, tuple[Region | None, memoryview]] = {}
+        self._scratch = bytearray()  # tensor puts serialise here (tensor_api.py)
+        self._scratch_lock = threading.Lock()
+
+    @classmethod
+    def over(cls, client: Any, local_buffer_size: int = 1 << 40) -> MooncakeDistributedStore:
+        """This API over a StoreClient set up elsewhere (close() leaves it and its engine)."""
+        store = cls(client.timeout)
+        store._client, store._engine = client, client.engine
+        store._own_engine = store._own_client = False
+        store._buffer, store._hostname = local_buffer_size, client.engine.name
+        return store
 
     # -- setup / teardown ------------------------------------------------------------------------
     def setup(self, *args: Any, **kwargs: Any) -> int:
@@ -111,7 +123,7 @@ class MooncakeDistributedStore:
         for ptr in list(self._buffers):
             self.unregister_buffer(ptr)
         client, engine, self._client, self._engine = self._client, self._engine, None, None
-        if client is not None:
+        if client is not None and self._own_client:
             client.close()
         if engine is not None and self._own_engine:
             engine.close()

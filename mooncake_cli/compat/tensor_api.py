@@ -14,29 +14,39 @@ from mooncake_cli.store.errors import ErrorCode
 BAD, NO_HANDLE = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.NO_AVAILABLE_HANDLE)
 
 
-def _put(store: Any, keys: list[str], blobs: list[Any], config: Any, upsert: bool) -> list[int]:
+def _put(store: Any, keys: list[str], parts: list[tuple[Any, Any, Any]], config: Any,
+         upsert: bool) -> list[int]:
+    """Put host tensors (with their TP `whole` and `axis`), serialised into the store's scratch
+    buffer (reused: the store copies it out before the put returns)."""
     from mooncake_cli.compat.store import put_code
 
     if store._client is not None and store._buffer == 0:  # upstream: no local buffer, no handle
         return [NO_HANDLE] * len(keys)
-    return store._run(lambda c: [put_code(e) for e in c.batch_put(keys, blobs, native(config),
-                                                                   upsert)],
-                      lambda e: [e] * len(keys))
-
-
-def _serialised(tensor_list: list[Any]) -> list[Any] | None:
-    try:
-        return [tensors.to_bytes(t) for t in tensor_list]
-    except tensors.TensorError:
-        return None
+    with store._scratch_lock:
+        sizes = [tensors.packed_size(t) for t, _, _ in parts]
+        if len(store._scratch) < sum(sizes):
+            store._scratch = bytearray(sum(sizes))
+        view, blobs, at = memoryview(store._scratch), [], 0
+        for (t, whole, axis), n in zip(parts, sizes, strict=True):
+            blobs.append(tensors.pack_into(t, view[at:at + n], whole, axis))
+            at += n
+        try:
+            return store._run(lambda c: [put_code(e) for e in c.batch_put(
+                keys, blobs, native(config), upsert)], lambda e: [e] * len(keys))
+        finally:
+            blobs.clear()
+            view.release()
 
 
 def _put_tensors(store: Any, keys: list[str], tensor_list: list[Any], config: Any = None,
                  upsert: bool = False) -> list[int]:
     if len(keys) != len(tensor_list):
         return [BAD] * len(keys)
-    blobs = _serialised(tensor_list)
-    return [BAD] * len(keys) if blobs is None else _put(store, keys, blobs, config, upsert)
+    try:
+        parts = [(tensors.host(t), None, None) for t in tensor_list]
+    except tensors.TensorError:
+        return [BAD] * len(keys)
+    return _put(store, keys, parts, config, upsert)
 
 
 def put_tensor(self: Any, key: str, tensor: Any) -> int:
@@ -97,7 +107,7 @@ def batch_put_tensor_with_tp(self: Any, base_keys: list[str], tensors_list: list
     if len(base_keys) != len(tensors_list):
         return [BAD] * len(base_keys)
     keys: list[str] = []
-    blobs: list[Any] = []
+    blobs: list[tuple[Any, Any, Any]] = []
     out = [0] * len(base_keys)
     owner: list[int] = []
     for i, (key, t) in enumerate(zip(base_keys, tensors_list, strict=True)):

@@ -18,6 +18,7 @@ cut into `tp_size` equal chunks along `split_dim` (its length must divide), stor
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from typing import Any
 
@@ -69,22 +70,36 @@ def header(tensor: Any, whole: tuple[int, ...] | None = None,
     return head.ljust(HEADER, b"\0")
 
 
-def to_bytes(tensor: Any, whole: tuple[int, ...] | None = None,
-             axis: tuple[int, int, int] | None = None) -> bytearray:
-    """Header and data of a CPU (or CUDA: copied to the host) tensor, in one buffer."""
+def host(tensor: Any) -> Any:
+    """`tensor` detached, on the host, contiguous; TensorError for a non-tensor."""
     torch = _torch()
     if not isinstance(tensor, torch.Tensor):
         raise TensorError(f"expected a torch.Tensor, not {type(tensor).__name__}")
     t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    head = header(t, whole, axis)
-    out = bytearray(HEADER + t.numel() * t.element_size())
-    out[:HEADER] = head
-    if t.numel():
-        dst = torch.frombuffer(out, dtype=torch.uint8, offset=HEADER)
-        dst.copy_(t.reshape(-1).view(torch.uint8))
+    return (t if t.device.type == "cpu" else t.cpu()).contiguous()
+
+
+def packed_size(t: Any) -> int:
+    return HEADER + t.numel() * t.element_size()
+
+
+def pack_into(t: Any, out: memoryview, whole: tuple[int, ...] | None = None,
+              axis: tuple[int, int, int] | None = None) -> memoryview:
+    """Header and data of host tensor `t` written at the start of writable `out`; that part."""
+    n = packed_size(t)
+    out[:HEADER] = header(t, whole, axis)
+    if n > HEADER:  # one plain memcpy (torch's copy_ splits it over threads)
+        ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(out, HEADER)), t.data_ptr(),
+                       n - HEADER)
+    return out[:n]
+
+
+def to_bytes(tensor: Any, whole: tuple[int, ...] | None = None,
+             axis: tuple[int, int, int] | None = None) -> bytearray:
+    """Header and data of a CPU (or CUDA: copied to the host) tensor, in a new buffer."""
+    t = host(tensor)
+    out = bytearray(packed_size(t))
+    pack_into(t, memoryview(out), whole, axis)
     return out
 
 
@@ -105,9 +120,10 @@ def from_bytes(buf: bytearray | memoryview | bytes) -> Any:
     return flat.view(dtype).reshape(shape)
 
 
-def split(tensor: Any, tp_size: int, split_dim: int) -> list[bytearray]:
-    """The `tp_size` shards of `tensor` along `split_dim`, serialised; TensorError when the
-    split is impossible (upstream: INVALID_PARAMS)."""
+def split(tensor: Any, tp_size: int, split_dim: int) -> list[Any]:
+    """The `tp_size` shards of `tensor` along `split_dim` (host tensors, with their `whole` and
+    `axis` for `pack_into`); TensorError when the split is impossible (upstream:
+    INVALID_PARAMS)."""
     torch = _torch()
     if not isinstance(tensor, torch.Tensor):
         raise TensorError(f"expected a torch.Tensor, not {type(tensor).__name__}")
@@ -118,7 +134,7 @@ def split(tensor: Any, tp_size: int, split_dim: int) -> list[bytearray]:
         raise TensorError(f"dim {split_dim} of length {tensor.shape[split_dim]} does not split "
                           f"in {tp_size}")
     whole = tuple(tensor.shape)
-    return [to_bytes(part, whole, (rank, tp_size, split_dim))
+    return [(host(part), whole, (rank, tp_size, split_dim))
             for rank, part in enumerate(torch.chunk(tensor, tp_size, split_dim))]
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 
 import xxhash
 
-from mooncake_cli.store.records import Replica, ReplicaStatus, ReplicateConfig
+from mooncake_cli.store.records import Replica, ReplicaStatus, ReplicateConfig, evolve
 from mooncake_cli.store.reports import Held, HoldingsReport
+
+DEFAULT_CONFIG = ReplicateConfig()
 
 
 class Holdings:
@@ -29,9 +30,10 @@ class Holdings:
 
     def add(self, key: str, replica: Replica, checksum: str | None,
             config: ReplicateConfig | None = None) -> None:
+        r = evolve(replica, checksum=checksum, status=ReplicaStatus.COMPLETE)
+        held = Held(key, r, config or DEFAULT_CONFIG)
         with self._lock:
-            r = replace(replica, checksum=checksum, status=ReplicaStatus.COMPLETE)
-            self._held[key] = Held(key, r, config or ReplicateConfig())
+            self._held[key] = held
 
     def discard(self, key: str, offset: int | None = None) -> None:
         """Forget `key` (only its replica at `offset` when given)."""
