@@ -1,4 +1,5 @@
-"""`dram` tier: anonymous memory, or POSIX shared memory that same-host peers can map, or
+"""`dram` tier: anonymous memory, or shared memory (a memfd: no name anyone could open; the shm
+transport hands its descriptor to peers that proved the secret) same-host peers can map, or
 explicit huge pages (MAP_HUGETLB) when asked: those need pages reserved by the administrator
 (`sysctl vm.nr_hugepages`); without them the tier says how to reserve some and either falls
 back to normal pages (with a warning) or, when strict, refuses."""
@@ -46,24 +47,27 @@ def hugepage_advice(size: int) -> str:
 
 
 class DramBuffer:
-    """A zeroed buffer. When `shm` is set, a same-host peer maps it by that name. With
-    `hugepages`, private memory on explicit huge pages (OSError when none can be had)."""
+    """A zeroed buffer. When `shm` is set, `fd` is its memfd, which the shm transport passes
+    to same-host peers. With `hugepages`, private memory on explicit huge pages (OSError when
+    none can be had)."""
 
     def __init__(self, size: int, shared: bool, hugepages: bool = False) -> None:
         self.shm: str | None = None
+        self.fd: int | None = None
         self.hugepages = hugepages
         if hugepages:
             length = -(-max(size, 1) // HUGE) * HUGE
             self._mm = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | MAP_HUGETLB)
         elif shared:
             name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
             try:
                 os.ftruncate(fd, max(size, 1))
                 self._mm = mmap.mmap(fd, max(size, 1))
-            finally:
+            except BaseException:
                 os.close(fd)
-            self.shm = name
+                raise
+            self.fd, self.shm = fd, name
         else:
             self._mm = mmap.mmap(-1, max(size, 1))
             if size >= HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
@@ -74,12 +78,9 @@ class DramBuffer:
         self.view = memoryview(self._mm)[:size]
 
     def close(self) -> None:
-        if self.shm is not None:
-            try:
-                os.unlink(os.path.join(SHM_DIR, self.shm))
-            except FileNotFoundError:
-                pass
-            self.shm = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = self.shm = None
         self.view.release()
         try:
             self._mm.close()
@@ -131,8 +132,8 @@ class DramTier:
                 if strict:
                     raise ConfigError(advice) from None
                 log.warning("%s; using normal pages", advice)
-        if shared and not os.path.isdir(SHM_DIR):
+        if shared and not hasattr(os, "memfd_create"):
             shared = False
         if shared:
-            sweep_stale()
+            sweep_stale()  # files of older versions, which named their buffers in /dev/shm
         return DramBuffer(size, shared)

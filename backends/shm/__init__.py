@@ -1,25 +1,30 @@
-"""`shm` transport: same-host peers map each other's registered memory through POSIX shared
-memory and copy directly, with no socket on the data path.
+"""`shm` transport: same-host peers map each other's registered memory and copy directly,
+with no socket on the data path.
 
-A peer's shm-backed regions (those allocated from a tier with `shared=True`) are mapped on
-first use; requests are bounds-checked against the peer's descriptor before any copy, and each
-request checks that the peer process is still alive. When the peer requires a secret the
-channel proves it once over the peer's listener before mapping anything. Requests that fall in
-a region that is not shm-backed go over a TCP connection instead.
+A peer's shm-backed regions (memfds from a tier with `shared=True`: no file anyone could open
+by name) are mapped on first use from descriptors the peer hands over its lane (lane.py), to
+callers that proved its secret; requests are bounds-checked against the peer's descriptor
+before any copy, each checks the region's alive page and, every ALIVE_EVERY seconds, that the
+peer process lives. Requests that fall in a region that is not shm-backed, and writes that
+carry a capability, go over a TCP connection instead.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from mooncake_backends.shm.lane import FdLane, Shared, fetch, guard_process
+
 from mooncake_cli.interfaces import EngineSide, RegionInfo, SegmentDescriptor, TransferError
 from mooncake_cli.transfer.client import TargetClient
 
-SHM_DIR = "/dev/shm"
+log = logging.getLogger("mooncake.transfer.shm")
 ALIVE_EVERY = 0.005  # seconds between checks that the peer process lives
 
 
@@ -30,7 +35,7 @@ class ShmChannel:
         self.spin = True
         self._secret, self._timeout = secret, timeout
         self._maps: dict[str, memoryview] = {}
-        self._fds: dict[str, int] = {}  # open files of mapped regions: st_nlink 0 = unregistered
+        self._pages: dict[str, mmap.mmap] = {}  # each mapped region's alive page
         self._checked = 0.0  # when the peer process was last seen alive
         self._mms: list[mmap.mmap] = []
         self._tcp: TargetClient | None = None
@@ -53,11 +58,11 @@ class ShmChannel:
         self._checked = now
 
     def _current(self, r: RegionInfo) -> None:
-        """The peer unlinks a region's file when it unregisters it: our mapping would outlive
-        it and writes would land in memory nobody reads."""
-        if os.fstat(self._fds[r.shm or ""]).st_nlink == 0:
+        """The peer clears a region's alive page when it unregisters it: our mapping would
+        outlive it and writes would land in memory nobody reads."""
+        if self._pages[r.shm or ""][0] != 1:
             self._maps.pop(r.shm or "", None)
-            os.close(self._fds.pop(r.shm or ""))
+            self._pages.pop(r.shm or "").close()
             raise TransferError(f"{self.peer.name}: region at offset {r.base} is no longer "
                                 "registered")
 
@@ -65,23 +70,26 @@ class ShmChannel:
         assert r.shm is not None
         mv = self._maps.get(r.shm)
         if mv is None:
-            try:
-                fd = os.open(os.path.join(SHM_DIR, r.shm), os.O_RDWR)
-            except OSError as e:
-                raise TransferError(f"cannot map {r.shm} of '{self.peer.name}': {e}") from e
+            lane = self.peer.extra.get("shm.lane", "")
+            if not lane:
+                raise TransferError(f"'{self.peer.name}' publishes no shm lane")
+            fd, alive_fd = fetch(lane, r.shm, self._secret, self._timeout)
             try:
                 mm = mmap.mmap(fd, 0)
-            except OSError:
+                alive = mmap.mmap(alive_fd, mmap.PAGESIZE)
+            except OSError as e:
+                raise TransferError(f"cannot map {r.shm} of '{self.peer.name}': {e}") from e
+            finally:
                 os.close(fd)
-                raise
+                os.close(alive_fd)
             if len(mm) < r.length:
                 mm.close()
-                os.close(fd)
+                alive.close()
                 raise TransferError(f"{r.shm} is smaller than the peer says ({r.length} bytes)")
-            old = self._fds.pop(r.shm, None)
+            old = self._pages.pop(r.shm, None)
             if old is not None:
-                os.close(old)
-            self._fds[r.shm] = fd
+                old.close()
+            self._pages[r.shm] = alive
             self._mms.append(mm)
             mv = self._maps[r.shm] = memoryview(mm)[:r.length]
         return mv
@@ -129,9 +137,9 @@ class ShmChannel:
             except BufferError:
                 pass
         self._mms.clear()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for page in self._pages.values():
+            page.close()
+        self._pages.clear()
         if self._tcp is not None:
             self._tcp.close()
 
@@ -148,37 +156,54 @@ class ShmTransport:
         return "auto picks shm for a same-host peer with shm-backed memory"
 
     def available(self) -> tuple[bool, str]:
-        if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
-            return False, f"{SHM_DIR} is missing or not writable"
+        if not hasattr(os, "memfd_create") or not hasattr(socket, "send_fds"):
+            return False, "this system has no memfd_create or SCM_RIGHTS"
         return True, ""
 
     def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> tuple[bool, str]:
         if peer.boot_id != local.boot_id or not peer.boot_id:
             return False, "another host"
-        if not any(r.shm and os.path.exists(os.path.join(SHM_DIR, r.shm))
-                   for r in peer.regions):
+        if not peer.extra.get("shm.lane") or not any(r.shm for r in peer.regions):
             return False, "same host, but no shm-backed region"
+        if not os.path.exists(f"/proc/{peer.pid}"):
+            return False, f"same host, but its process {peer.pid} is gone"
         return True, "same host, shm-backed regions"
 
     def attach(self, engine: EngineSide) -> ShmEndpoint:
-        return ShmEndpoint()
+        return ShmEndpoint(engine.secret)
 
 
 class ShmEndpoint:
-    """Publishes the shared-memory name of each shm-backed region (tiers allocate them)."""
+    """Shares each shm-backed region's memfd over the lane and publishes its name."""
+
+    def __init__(self, secret: str | None) -> None:
+        self._shared: dict[str, Shared] = {}
+        self._lane = FdLane(self._shared, secret)
+        if secret and not guard_process():
+            log.warning("cannot make this process non-dumpable: processes of the same user "
+                        "may open its shared memory through /proc")
 
     def register(self, region: Any) -> Mapping[str, str]:
         name = getattr(region, "shm", None)
-        return {"shm": name} if name else {}
+        fd = getattr(getattr(region, "keep", None), "fd", None)
+        if not name or fd is None:
+            return {}
+        self._shared[name] = Shared(fd)
+        return {"shm": name}
 
     def unregister(self, region: Any) -> None:
-        pass
+        shared = self._shared.pop(getattr(region, "shm", None) or "", None)
+        if shared is not None:
+            shared.retire()
 
     def fields(self) -> Mapping[str, str]:
-        return {}
+        return {"shm.lane": self._lane.name}
 
     def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> ShmChannel:
         return ShmChannel(peer, secret, timeout)
 
     def close(self) -> None:
-        pass
+        self._lane.close()
+        for shared in self._shared.values():
+            shared.retire()
+        self._shared.clear()
