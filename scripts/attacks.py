@@ -3,6 +3,7 @@
 
     python scripts/attacks.py                 # both clusters, a table attack -> outcome
     python scripts/attacks.py --only local --json
+    python scripts/attacks.py --repo DIR --pythonpath DIR2   # the roles of another checkout
 
 Each cluster is started here (model demo, loopback): `conductor start --local 1,1`, and a store
 master, conductor (--api-key), prefill and decode, each its own process with MOONCAKE_SECRET.
@@ -31,6 +32,8 @@ import httpx
 import zmq
 
 REPO = Path(__file__).resolve().parent.parent
+ROLES = REPO  # the checkout whose roles are attacked (--repo)
+PYTHONPATH: list[str] = []  # where its packages are found first (--pythonpath)
 sys.path.insert(0, str(REPO))
 from mooncake_cli import jsonhttp  # noqa: E402
 from mooncake_cli.auth import Signer  # noqa: E402
@@ -46,8 +49,9 @@ EVIL = "http://127.0.0.1:9"
 def spawn(*args: str, **env: str) -> subprocess.Popen[bytes]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
     return subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
-                            env={**base, "PYTHONUNBUFFERED": "1", **env})
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROLES,
+                            env={**base, "PYTHONUNBUFFERED": "1",
+                                 "PYTHONPATH": os.pathsep.join(PYTHONPATH), **env})
 
 
 def line(proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, Any]:
@@ -70,11 +74,13 @@ def start_local(procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
 
 
 def start_roles(procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
-    env = {"MOONCAKE_SECRET": SECRET}
+    # the [transfer] table's variable too: what roles took before --secret (see --repo)
+    env = {"MOONCAKE_SECRET": SECRET, "MOONCAKE_TRANSFER_SECRET": SECRET}
     procs.append(spawn("store", "master", "--port", "0", **env))
     master = line(procs[-1])["address"]
-    procs.append(spawn("conductor", "start", "--port", "0", "--model", "demo", "--api-key",
-                       API_KEY, **env))
+    keyed = (ROLES / "mooncake_cli" / "auth.py").exists()  # a checkout with --api-key
+    procs.append(spawn("conductor", "start", "--port", "0", "--model", "demo",
+                       *(("--api-key", API_KEY) if keyed else ()), **env))
     url, pid = line(procs[-1])["url"], procs[-1].pid
     urls = {}
     for role in ("prefill", "decode"):
@@ -82,7 +88,7 @@ def start_roles(procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
                            "--name", f"{role}-0", "--heartbeat", "0.3", "--kv-blocks", "64",
                            "--segment-size", "16MiB", **env))
         urls[role] = line(procs[-1])["url"]
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+    headers = {"Authorization": f"Bearer {API_KEY}"} if keyed else {}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         got = httpx.get(url + "/v1/instances", headers=headers).json()["instances"]
@@ -104,9 +110,12 @@ def store(address: str, request: Any) -> str:
     try:
         conn = MasterConnection(ctx, address, None, 3.0)
         try:
-            result = conn.call(request, None)
+            result = conn.call(request, Any)
         except Exception as e:
-            return f"refused ({str(e)[:48]})"
+            why = str(e)
+            if "MAC" in why or "secret" in why:
+                return "refused (bad MAC: no secret)"
+            return f"GOT THROUGH (the master answered: {why[:40]})"
         finally:
             conn.close()
         return f"GOT THROUGH ({result!r:.40})"
@@ -237,7 +246,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=("local", "roles"))
     ap.add_argument("--json", action="store_true", help="one JSON line per row")
+    ap.add_argument("--repo", type=Path, default=REPO,
+                    help="checkout whose roles to start [default: this one]")
+    ap.add_argument("--pythonpath", action="append", default=[],
+                    help="a directory searched first by the roles' interpreter (to run "
+                         "another checkout's packages, mooncake_backends included)")
     args = ap.parse_args()
+    global ROLES
+    ROLES = args.repo.resolve()
+    PYTHONPATH.extend(args.pythonpath)
     rows: list[dict[str, str]] = []
     for kind, start in (("local", start_local), ("roles", start_roles)):
         if args.only and args.only != kind:
