@@ -23,7 +23,7 @@ from mooncake_cli.store.election import HaMaster
 from mooncake_cli.store.errors import ObjectNotFound
 from mooncake_cli.store.leader import LeaderInfo
 from mooncake_cli.store.records import ReplicateConfig, StoreStats
-from mooncake_cli.store.service import MasterService, master_from
+from mooncake_cli.store.service import MasterService, master_from, truth
 from mooncake_cli.transfer.engine import TransferEngine
 
 app = typer.Typer(no_args_is_help=True,
@@ -77,16 +77,44 @@ def master(
                                 "masters; the one elected through an etcd lease serves, the "
                                 "others stand by (refusing requests) and take over when it "
                                 "dies [default: off]."),
+    soft_pin_ttl: float = typer.Option(None, "--soft-pin-ttl",
+                                       help="Seconds a soft pin lasts after the object's last "
+                                            "use, unless its put says [default: 1800]."),
+    enable_offload: str = typer.Option(None, "--enable-offload", "--enable_offload",
+                                       metavar="BOOL", help="Use the SSD segments clients "
+                                       "mount (false: DRAM only) [default: true]."),
+    offload_on_evict: str = typer.Option(None, "--offload-on-evict", "--offload_on_evict",
+                                         metavar="BOOL", help="An evicted object goes to its "
+                                         "client's SSD segment when it has room [default: "
+                                         "true]."),
+    promotion_on_hit: str = typer.Option(None, "--promotion-on-hit", "--promotion_on_hit",
+                                         metavar="BOOL", help="Copy an object held only on SSD "
+                                         "back to DRAM after gets [default: true]."),
+    promotion_admission_threshold: int = typer.Option(
+        None, "--promotion-admission-threshold", "--promotion_admission_threshold",
+        help="Gets of an SSD-only object before it is promoted [default: 1]."),
 ) -> None:
-    """Run the store master (metadata, allocation, leases, eviction) until Ctrl-C."""
+    """Run the store master (metadata, allocation, leases, eviction) until Ctrl-C. The
+    offload/promotion flags take upstream's spellings too (--offload_on_evict=false)."""
     out: Out = ctx.obj
     if metrics_port is not None and not 0 <= metrics_port < 65536:
         raise ConfigError(f"--metrics-port {metrics_port} is out of range 0-65535")
+    flags = {}
+    for name, value in (("enable-offload", enable_offload),
+                        ("offload-on-evict", offload_on_evict),
+                        ("promotion-on-hit", promotion_on_hit)):
+        if value is not None:
+            try:
+                flags[name.replace("-", "_")] = truth(value)
+            except ValueError as e:
+                raise ConfigError(f"--{name}: {e}") from None
     cfg = store_config(out, host=host, port=port, secret=resolve_secret(secret, secret_file)
                        or None, lease_ttl=lease_ttl,
                        put_timeout=put_timeout, client_ttl=client_ttl,
                        high_watermark=high_watermark, eviction_ratio=eviction_ratio,
-                       eviction=eviction, metrics_port=metrics_port, ha=ha)
+                       eviction=eviction, metrics_port=metrics_port, ha=ha,
+                       soft_pin_ttl=soft_pin_ttl,
+                       promotion_admission_threshold=promotion_admission_threshold, **flags)
     require_secret(cfg.host, cfg.secret, "the store master")
     with c.stop_signals() as stop, MasterService(
             master_from(cfg), cfg.host, cfg.port, cfg.secret or None,

@@ -28,6 +28,11 @@ class StoreConfig:
     high_watermark: float = 0.90
     eviction_ratio: float = 0.05
     eviction: str = "lru"  # master: eviction policy (lru, lfu, adaptive, arc, prefix, a plugin's)
+    soft_pin_ttl: float = 1800.0  # master: seconds a soft pin lasts after the last use
+    enable_offload: bool = True  # master: use clients' SSD segments (off: DRAM only)
+    offload_on_evict: bool = True  # master: an evicted object goes to its client's SSD
+    promotion_on_hit: bool = True  # master: an SSD-only object is copied back to DRAM on gets
+    promotion_admission_threshold: int = 1  # master: ... after this many gets
     ssd_dir: str = ""  # node: directory of its SSD tier (data file + manifest); "" for none
     ssd_size: int = size_field(0, "SSD a node contributes (0: the data file's present size)")
     hugepages: bool = False  # node: DRAM segment on huge pages (falls back with a warning)
@@ -51,8 +56,10 @@ class StoreConfig:
         if self.ssd_size and not self.ssd_dir:
             raise ConfigError("ssd_size needs ssd_dir, the directory of the SSD tier")
         if min(self.timeout, self.heartbeat, self.lease_ttl, self.put_timeout,
-               self.client_ttl) <= 0:
+               self.client_ttl, self.soft_pin_ttl) <= 0:
             raise ConfigError("timeout, heartbeat and the TTLs must be positive")
+        if self.promotion_admission_threshold < 1:
+            raise ConfigError("promotion_admission_threshold must be at least 1 get")
         if not 0 < self.high_watermark <= 1 or not 0 < self.eviction_ratio <= 1:
             raise ConfigError("high_watermark and eviction_ratio must be in (0, 1]")
         if self.eviction != "lru":

@@ -203,6 +203,16 @@ class MasterService:
         self.close()
 
 
+def truth(value: str) -> bool:
+    """upstream's gflags booleans: true/false, 1/0, yes/no."""
+    v = value.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not true or false")
+
+
 def main(argv: list[str] | None = None) -> int:
     from mooncake_cli.config import load
     from mooncake_cli.store.ha.election import HaMaster
@@ -217,8 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="TOML file with a [store] table")
     ap.add_argument("--eviction", help="eviction policy: lru (default), lfu, adaptive, arc, "
                                        "prefix or a plugin's")
-    for name in ("lease-ttl", "put-timeout", "client-ttl", "high-watermark", "eviction-ratio"):
+    for name in ("lease-ttl", "put-timeout", "client-ttl", "high-watermark", "eviction-ratio",
+                 "soft-pin-ttl"):
         ap.add_argument(f"--{name}", type=float)
+    for name in ("enable-offload", "offload-on-evict", "promotion-on-hit"):
+        ap.add_argument(f"--{name}", type=truth, metavar="true|false")
+    ap.add_argument("--promotion-admission-threshold", type=int)
     args = vars(ap.parse_args(argv))
     file = args.pop("config")
     try:
@@ -262,7 +276,11 @@ def master_from(cfg: StoreConfig) -> StoreMaster:
     """A master with the policy of `cfg`."""
     return StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
                        client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
-                       eviction_ratio=cfg.eviction_ratio, eviction=cfg.eviction)
+                       eviction_ratio=cfg.eviction_ratio, eviction=cfg.eviction,
+                       soft_pin_ttl=cfg.soft_pin_ttl,
+                       offload_on_evict=cfg.enable_offload and cfg.offload_on_evict,
+                       promotion_on_hit=cfg.enable_offload and cfg.promotion_on_hit,
+                       promotion_threshold=cfg.promotion_admission_threshold)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ class Tiering:
     def __init__(self, state: MasterState) -> None:
         self.state = state
         self.moves = MoveBook()
+        self.hits: dict[str, int] = {}  # gets of SSD-only objects not promoted yet
         state.on_drop.append(self._dropped)
         state.on_lost.append(self._lost)
 
@@ -93,8 +94,9 @@ class Tiering:
 
     # -- starting moves (lock held) --------------------------------------------------------------
     def offload(self, meta: ObjectMeta, now: float) -> bool:
-        """Start moving `meta` to SSD; False when it has an SSD copy already or no room."""
-        if any(r.tier == "ssd" for r in meta.replicas):
+        """Start moving `meta` to SSD; False when it has an SSD copy already, no room, or
+        `offload_on_evict` is off."""
+        if not self.state.offload_on_evict or any(r.tier == "ssd" for r in meta.replicas):
             return False
         segs = self.state.segments
         drams = [r for r in meta.replicas if r.tier == "dram"]
@@ -137,10 +139,17 @@ class Tiering:
         return bool(victims)
 
     def promote(self, meta: ObjectMeta, now: float, evict_on: EvictOn) -> None:
-        """After a get of an object held only on SSD, start copying it into DRAM on the same
-        client (making room there first with `evict_on` when it has none)."""
-        if meta.key in self.moves or any(r.tier == "dram" for r in meta.replicas):
+        """After the `promotion_threshold`-th get of an object held only on SSD, start copying
+        it into DRAM on the same client (making room there first with `evict_on` when it has
+        none); nothing when `promotion_on_hit` is off."""
+        st = self.state
+        if not st.promotion_on_hit or meta.key in self.moves or \
+                any(r.tier == "dram" for r in meta.replicas):
             return
+        hits = self.hits[meta.key] = self.hits.get(meta.key, 0) + 1
+        if hits < st.promotion_threshold:
+            return
+        del self.hits[meta.key]
         segs = self.state.segments
         for attempt in range(2):
             for r in meta.replicas:
@@ -161,6 +170,7 @@ class Tiering:
 
     # -- keeping the book right when objects and segments go (events) ----------------------------
     def _dropped(self, meta: ObjectMeta) -> None:
+        self.hits.pop(meta.key, None)
         segs = self.state.segments
         p = self.moves.cancel(meta.key)
         if p is not None:

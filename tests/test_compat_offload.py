@@ -1,0 +1,81 @@
+"""Client-side SSD offload through the compat API (`setup(..., enable_ssd_offload=True,
+ssd_offload_path=DIR)`) under upstream's master flags on `mooncake store master`: offload on
+eviction, promotion on the N-th hit (--promotion_admission_threshold), --offload_on_evict=false.
+Ours only: upstream's SSD offload needs its own storage backend set up."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import free_port, wait_for
+from helpers.store_procs import Proc
+
+from mooncake_cli.compat.store import MooncakeDistributedStore
+
+pytestmark = pytest.mark.timeout(90)
+MiB, SIZE = 1 << 20, 100_000  # ten values fill the 1 MiB DRAM segment
+
+
+def master(*flags: str) -> Proc:
+    return Proc([sys.executable, "-m", "mooncake_cli", "--json", "store", "master", "--port",
+                 str(free_port()), "--client-ttl", "3", *flags])
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MooncakeDistributedStore]:
+    m = master(*request.param)
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", MiB, 4 * MiB, "tcp", "",
+                   str(m.ready["address"]), None, True, str(tmp_path)) == 0
+    yield s
+    s.close()
+    m.stop()
+
+
+def fill(s: MooncakeDistributedStore, n: int) -> dict[str, bytes]:
+    vals = {f"obj{i:02d}": bytes([i]) * SIZE for i in range(n)}
+    for key, v in vals.items():
+        deadline = time.monotonic() + 10
+        while (rc := s.put(key, v)) != 0:  # DRAM full while offloads are copied: again
+            assert rc == -200 and time.monotonic() < deadline, rc
+            time.sleep(0.02)
+    return vals
+
+
+def tiers(s: MooncakeDistributedStore, key: str) -> list[str]:
+    return ["ssd" if d.is_disk_replica() else "dram" for d in s.get_replica_desc(key)]
+
+
+@pytest.mark.parametrize("store", [("--promotion_admission_threshold", "2")], indirect=True)
+def test_evicted_objects_go_to_ssd_and_come_back_on_the_second_hit(
+        store: MooncakeDistributedStore) -> None:
+    vals = fill(store, 25)
+    wait_for(lambda: tiers(store, "obj00") == ["ssd"], 10)
+    assert store.get("obj00") == vals["obj00"]
+    assert store.get_offload_rpc_read_count() == 1
+    time.sleep(0.5)
+    assert tiers(store, "obj00") == ["ssd"]  # one hit: not promoted yet
+    assert store.get("obj00") == vals["obj00"]
+    wait_for(lambda: "dram" in tiers(store, "obj00"), 10)
+    assert all(store.get(k) == v for k, v in vals.items())
+
+
+@pytest.mark.parametrize("store", [("--offload_on_evict=false",)], indirect=True)
+def test_without_offload_on_evict_evicted_objects_are_dropped(
+        store: MooncakeDistributedStore) -> None:
+    vals = fill(store, 25)
+    gone = [k for k in vals if store.is_exist(k) == 0]
+    assert gone and all(store.get_replica_desc(k) == [] for k in gone)
+    assert all(t == "dram" for k in vals for t in tiers(store, k))
+
+
+def test_upstream_spellings_of_bad_flag_values_are_refused() -> None:
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "mooncake_cli", "store", "master", "--port", "0",
+                        "--enable_offload=maybe"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--enable-offload" in p.stderr and "Traceback" not in p.stderr
