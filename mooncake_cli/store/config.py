@@ -32,7 +32,7 @@ class StoreConfig:
     enable_offload: bool = True  # master: use clients' SSD segments (off: DRAM only)
     offload_on_evict: bool = True  # master: an evicted object goes to its client's SSD
     promotion_on_hit: bool = True  # master: an SSD-only object is copied back to DRAM on gets
-    promotion_admission_threshold: int = 1  # master: ... after this many gets
+    promotion_admission_threshold: int = 1  # master: gets of an SSD-only object before promotion
     ssd_dir: str = ""  # node: directory of its SSD tier (data file + manifest); "" for none
     ssd_size: int = size_field(0, "SSD a node contributes (0: the data file's present size)")
     hugepages: bool = False  # node: DRAM segment on huge pages (falls back with a warning)
