@@ -10,16 +10,20 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
-def bounded_protocol(header_timeout: float, max_waiting: int) -> type[H11Protocol]:
+def bounded_protocol(header_timeout: float, max_waiting: int,
+                     header_budget: int = 32 << 20) -> type[H11Protocol]:
     waiting: OrderedDict[H11Protocol, None] = OrderedDict()  # this server's, oldest first
+    held = [0]  # bytes received by connections whose request headers are not complete yet
 
     class Bounded(H11Protocol):
         """uvicorn's h11 protocol, closing connections whose request headers do not arrive
         within `header_timeout` of connecting or of the last answer (idle ones too), and the
         longest waiting one when more than `max_waiting` wait for request headers at once
-        (idle sockets cannot fill the server: requests keep room)."""
+        (idle sockets cannot fill the server: requests keep room), and one whose unfinished
+        headers would take the bytes held that way over `header_budget` (all connections)."""
 
         _deadline: asyncio.TimerHandle | None = None
+        _held = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -43,9 +47,20 @@ def bounded_protocol(header_timeout: float, max_waiting: int) -> type[H11Protoco
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            if self in waiting:
+                self._held += len(data)
+                held[0] += len(data)
+                if held[0] > header_budget:
+                    self.transport.close()
+                    return
             super().data_received(data)
             if self.cycle is not None and not self.cycle.response_complete:
                 waiting.pop(self, None)  # a request is under way
+                self._release()
+
+        def _release(self) -> None:
+            held[0] -= self._held
+            self._held = 0
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -55,6 +70,7 @@ def bounded_protocol(header_timeout: float, max_waiting: int) -> type[H11Protoco
             if self._deadline is not None:
                 self._deadline.cancel()
             waiting.pop(self, None)
+            self._release()
             super().connection_lost(exc)
 
     return Bounded
