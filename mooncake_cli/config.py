@@ -113,6 +113,7 @@ class TransferConfig:
     metadata: str = "p2p"
     transport: str = "auto"  # auto picks the best reachable transport per peer
     secret: str = ""
+    encrypt: bool = False  # TLS on the tcp transport (needs the secret)
     connections: int = 4  # per peer
     workers: int = 4
     slice_size: int = size_field(4 << 20, "largest slice of one request")

@@ -141,6 +141,7 @@ class EngineSide:
     secret: str | None
     timeout: float
     grants: Any = None  # the engine's write capabilities (transfer.capability.Grants)
+    encrypt: bool = False  # TLS on the listener and on every connection it opens
 
 
 @runtime_checkable

@@ -15,10 +15,10 @@ import pytest
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectNotFound, RpcFailed, StoreError
 from mooncake_cli.store.fastlane import HEADER, AnswerLost, Lane, LaneServer, lane_name
-from mooncake_cli.transfer.wire import HELLO
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.protocol import Exists
 from mooncake_cli.store.service import MasterService
+from mooncake_cli.transfer.wire import HELLO
 
 pytestmark = pytest.mark.timeout(60)
 

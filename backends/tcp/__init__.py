@@ -20,8 +20,10 @@ from mooncake_cli.transfer.client import TargetClient
 class TcpEndpoint:
     def __init__(self, engine: EngineSide) -> None:
         self.server = TargetServer(engine.segment, engine.describe, engine.host, engine.port,
-                                   engine.secret, grants=engine.grants)
+                                   engine.secret, grants=engine.grants,
+                                   encrypt=engine.encrypt)
         self.port: int = self.server.port
+        self._encrypt = engine.encrypt
 
     def register(self, region: Any) -> Mapping[str, str]:
         return {}  # the listener checks every request against the segment itself
@@ -33,7 +35,7 @@ class TcpEndpoint:
         return {}
 
     def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> TargetClient:
-        return TargetClient(peer.host, peer.port, secret, timeout)
+        return TargetClient(peer.host, peer.port, secret, timeout, self._encrypt)
 
     def close(self) -> None:
         self.server.close()

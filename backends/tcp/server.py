@@ -18,8 +18,8 @@ import socket
 import threading
 from collections.abc import Callable
 
-from mooncake_cli.interfaces import TransferError
-from mooncake_cli.transfer import wire
+from mooncake_cli.interfaces import ConfigError, TransferError
+from mooncake_cli.transfer import tls, wire
 from mooncake_cli.transfer.capability import Grants
 from mooncake_cli.transfer.gate import Gate
 from mooncake_cli.transfer.segment import Region, Segment
@@ -41,7 +41,8 @@ class TargetServer:
                  port: int = 0, secret: str | None = None,
                  max_connections: int = MAX_CONNECTIONS, grants: Grants | None = None,
                  max_per_peer: int = MAX_PER_PEER, idle_timeout: float | None = None,
-                 handshake_timeout: float | None = None) -> None:
+                 handshake_timeout: float | None = None, encrypt: bool = False) -> None:
+        """`encrypt`: TLS on every connection (transfer.tls; needs `secret`)."""
         self.segment = segment
         self.grants = grants if grants is not None else Grants()
         self._describe = describe
@@ -50,9 +51,13 @@ class TargetServer:
         sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.host, self.port = sock.getsockname()[:2]
         self._closed = threading.Event()
+        if encrypt and not secret:
+            sock.close()
+            raise ConfigError("encryption in transit needs the cluster secret: pass --secret "
+                              "(or MOONCAKE_SECRET) with --encrypt")
         self.gate = Gate(sock, b"MCK", secret, self._admit, MAX_PENDING, MAX_PENDING // 2,
                          HANDSHAKE_TIMEOUT if handshake_timeout is None else handshake_timeout,
-                         name="mooncake-accept")
+                         name="mooncake-accept", tls=tls.server_context() if encrypt else None)
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
         entry = self.served.add(conn, peer)

@@ -45,6 +45,7 @@ class BenchTransferConfig:
     buffer_size: int = size_field(256 << 20, "bytes registered on each side")
     target: str = ""  # segment name of the target (initiator mode)
     secret: str = ""
+    encrypt: bool = False  # TLS on the tcp transport (needs the secret)
     compare_upstream: bool = False
 
     def __post_init__(self) -> None:
@@ -64,8 +65,8 @@ class BenchTransferConfig:
                               "`mooncake bench transfer --mode target` or `transfer serve`)")
 
     def engine_config(self, base: TransferConfig) -> TransferConfig:
-        """`base` with this benchmark's transport, metadata and secret where they are set."""
-        over = {k: getattr(self, k) for k in ("transport", "metadata", "secret")
+        """`base` with this benchmark's transport, metadata, secret and encrypt where set."""
+        over = {k: getattr(self, k) for k in ("transport", "metadata", "secret", "encrypt")
                 if getattr(self, k)}
         return dataclasses.replace(base, **over)
 
@@ -95,6 +96,8 @@ class LocalTarget:
         argv += ["transfer", "serve", "--buffer-size", str(cfg.buffer_size),
                  "--metadata", ecfg.metadata]
         env = {"MOONCAKE_SECRET": ecfg.secret} if ecfg.secret else {}
+        if ecfg.encrypt:
+            env["MOONCAKE_TRANSFER_ENCRYPT"] = "1"
         self._child = Child(argv, "the local target (mooncake transfer serve)", env)
         try:
             info = self._child.line(timeout=30)

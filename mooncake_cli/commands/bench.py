@@ -99,6 +99,8 @@ def transfer(
                                     "side [default: 256MiB]."),
     target: str = typer.Option(None, "--target", help="Segment to measure (initiator mode)."),
     secret: str = c.SECRET,
+    encrypt: bool = typer.Option(None, "--encrypt", help="TLS 1.3 on the tcp transport, bound "
+                                 "to --secret (both sides) [default: off]."),
     compare_upstream: bool = typer.Option(None, "--compare-upstream", help="Also run the "
                                           "workload through the upstream wheel (local mode)."),
     sweep: str = typer.Option(None, "--sweep", help="Block sizes to run for both ops, e.g. "
@@ -110,7 +112,7 @@ def transfer(
     cfg = load(BenchTransferConfig, "bench_transfer", out.config_file, mode=mode,
                transport=transport, metadata=metadata, op=op, block_size=block_size,
                batch_size=batch_size, threads=threads, duration=duration,
-               buffer_size=buffer_size, target=target, secret=secret,
+               buffer_size=buffer_size, target=target, secret=secret, encrypt=encrypt,
                compare_upstream=compare_upstream)
     base = c.transfer_config(out)
     registry = Registry.from_env()

@@ -25,11 +25,14 @@ def serve(
     buffer_size: str = typer.Option("256MiB", "--buffer-size", help="Bytes to register."),
     host: str = c.HOST, port: int = c.PORT, advertise: str = c.ADVERTISE, name: str = c.NAME,
     metadata: str = c.METADATA, transport: str = c.TRANSPORT, secret: str = c.SECRET,
+    encrypt: bool = typer.Option(None, "--encrypt", help="TLS 1.3 on every tcp connection, "
+                                 "bound to the secret (needs --secret) [default: off]."),
 ) -> None:
     """Register a zeroed buffer as a segment and serve it until Ctrl-C."""
     out: Out = ctx.obj
     cfg = c.transfer_config(out, host=host, port=port, advertise=advertise, name=name,
-                            metadata=metadata, transport=transport, secret=secret)
+                            metadata=metadata, transport=transport, secret=secret,
+                            encrypt=encrypt)
     require_secret(cfg.host, cfg.secret, "the transfer target")
     size = parse_size(buffer_size)
     with c.stop_signals() as stop, TransferEngine(cfg, Registry.from_env()) as engine:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 import socket
+import ssl
 from typing import Any
 
 from mooncake_cli.interfaces import TransferError
-from mooncake_cli.transfer import wire
+from mooncake_cli.transfer import tls, wire
 
 _ERRORS = {wire.E_BOUNDS: "out of bounds", wire.E_BADOP: "malformed request",
            wire.E_AUTH: "not authorised", wire.E_TOOBIG: "too big", wire.E_INTERNAL: "internal"}
@@ -15,10 +17,14 @@ _ERRORS = {wire.E_BOUNDS: "out of bounds", wire.E_BADOP: "malformed request",
 class TargetClient:
     """A connection to a target's listener. One caller at a time; `broken` after an I/O error."""
 
-    def __init__(self, host: str, port: int, secret: str | None, timeout: float) -> None:
+    def __init__(self, host: str, port: int, secret: str | None, timeout: float,
+                 encrypt: bool = False) -> None:
+        """`encrypt`: refuse a target that does not offer TLS (one that does always gets it)."""
         self.peer = f"{host}:{port}"
         self.broken = False
         self._timeout = timeout
+        self._encrypt = encrypt
+        self.tls = False
         try:
             self._sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as e:
@@ -43,17 +49,32 @@ class TargetClient:
         if magic != b"MCK" or version != wire.VERSION:
             raise TransferError(f"{self.peer} is not a mooncake transfer target "
                                 f"(magic {magic!r}, version {version})")
+        if self._encrypt and not auth & tls.FLAG:
+            raise TransferError(f"{self.peer} does not encrypt: start it with --encrypt")
         if not auth:
             return
         if not secret:
             raise TransferError(f"{self.peer} requires a shared secret: pass --secret or set "
                                 "MOONCAKE_SECRET")
+        if auth & tls.FLAG:
+            self._sock = tls.client_context().wrap_socket(self._sock)
+            self.tls = True
+            cert = tls.seen_certificate(self._sock)
+            self._sock.sendall(tls.client_proof(secret, nonce, cert))
+            if wire.recv_exact(self._sock, 1) != b"\x00":
+                raise TransferError(f"{self.peer} refused our secret (wrong --secret?)")
+            proof = wire.recv_exact(self._sock, tls.REPLY - 1)
+            if not hmac.compare_digest(proof, tls.target_proof(secret, nonce, cert)):
+                raise TransferError(f"{self.peer} did not prove the secret over TLS: someone "
+                                    "is in between")
+            return
         self._sock.sendall(wire.prove(secret, nonce))
         if wire.recv_exact(self._sock, 1) != b"\x00":
             raise TransferError(f"{self.peer} refused our secret (wrong --secret?)")
 
     def _response(self) -> int:
-        wire.recv_spin(self._sock, memoryview(self._hdr), wire.SPIN if self.spin else 0.0)
+        wire.recv_spin(self._sock, memoryview(self._hdr),
+                       wire.SPIN if self.spin and not self.tls else 0.0)
         status, _z, _r, _rid, length = wire.RESPONSE.unpack(self._hdr)
         if status != wire.OK:
             if length > wire.MAX_ERROR:
@@ -70,7 +91,8 @@ class TargetClient:
         except (OSError, ConnectionError) as e:
             self.broken = True
             self.close()
-            if isinstance(e, (TimeoutError, BlockingIOError)):  # SO_RCVTIMEO/SO_SNDTIMEO hit
+            if isinstance(e, (TimeoutError, BlockingIOError, ssl.SSLWantReadError,
+                              ssl.SSLWantWriteError)):  # SO_RCVTIMEO/SO_SNDTIMEO hit
                 raise TransferError(f"{self.peer} did not answer within {self._timeout:g} s") \
                     from e
             raise TransferError(f"connection to {self.peer} lost: {e or type(e).__name__}") from e

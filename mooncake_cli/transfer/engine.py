@@ -50,7 +50,7 @@ class TransferEngine:
         self.grants = Grants()  # write capabilities for guarded regions (see `guard`)
         self.endpoints = Endpoints(registry, EngineSide(
             self.segment, self._describe_bytes, config.host, config.port, self._secret,
-            config.timeout, self.grants))
+            config.timeout, self.grants, config.encrypt))
         self._port = self.endpoints.port
         advertise = config.advertise or (config.host if config.host not in ("0.0.0.0", "::", "")
                                          else hostname())

@@ -14,15 +14,17 @@ What `admit` keeps is bounded by `transfer.served.Served`.
 from __future__ import annotations
 
 import collections
+import hmac
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mooncake_cli.transfer import wire
+from mooncake_cli.transfer import tls, wire
 
 log = logging.getLogger("mooncake.transfer.gate")
 
@@ -50,13 +52,20 @@ class _Waiter:
     nonce: bytes
     deadline: float
     proof: bytearray = field(default_factory=bytearray)
+    shaken: bool = True  # False until its TLS handshake is done (with `tls`)
 
 
 class Gate:
     def __init__(self, sock: socket.socket, magic: bytes, secret: str | None, admit: Admit,
                  max_pending: int = 256, per_peer_pending: int = 64,
-                 handshake_timeout: float = 5.0, name: str = "mooncake-gate") -> None:
+                 handshake_timeout: float = 5.0, name: str = "mooncake-gate",
+                 tls: tuple[ssl.SSLContext, bytes] | None = None) -> None:
+        """`tls`: (server context, SHA-256 of its certificate) to encrypt every connection
+        (transfer.tls); it needs a secret."""
         self._sock, self._magic, self._secret, self._admit = sock, magic, secret or None, admit
+        if tls is not None and self._secret is None:
+            raise ValueError("encryption needs a secret")
+        self._tls = tls
         self._max, self._per_peer, self._timeout = max_pending, per_peer_pending, handshake_timeout
         self._waiting: collections.OrderedDict[int, _Waiter] = collections.OrderedDict()
         self._per: collections.Counter[str] = collections.Counter()
@@ -105,9 +114,13 @@ class Gate:
         nonce = wire.make_nonce()
         try:
             conn.setblocking(False)
-            hello = wire.HELLO.pack(self._magic, wire.VERSION, int(self._secret is not None), nonce)
+            auth = int(self._secret is not None) | (tls.FLAG if self._tls else 0)
+            hello = wire.HELLO.pack(self._magic, wire.VERSION, auth, nonce)
             if conn.send(hello) != len(hello):
                 raise OSError("short HELLO")
+            if self._tls:
+                conn = self._tls[0].wrap_socket(conn, server_side=True,
+                                                do_handshake_on_connect=False)
         except OSError:
             conn.close()
             return
@@ -119,7 +132,8 @@ class Gate:
         if len(self._waiting) >= self._max:
             self._drop_oldest(None)
         self._waiting[conn.fileno()] = _Waiter(conn, peer, nonce,
-                                               time.monotonic() + self._timeout)
+                                               time.monotonic() + self._timeout,
+                                               shaken=self._tls is None)
         self._per[peer] += 1
         self._sel.register(conn, selectors.EVENT_READ)
 
@@ -159,23 +173,32 @@ class Gate:
         if w is None:
             return
         try:
-            chunk = w.conn.recv(32 - len(w.proof))
-        except BlockingIOError:
+            if not w.shaken:
+                assert isinstance(w.conn, ssl.SSLSocket)
+                w.conn.do_handshake()
+                w.shaken = True
+            while len(w.proof) < 32:  # TLS may hold it already: read until it would block
+                chunk = w.conn.recv(32 - len(w.proof))
+                if not chunk:
+                    raise ConnectionError("closed")
+                w.proof += chunk
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
-        except OSError:
-            chunk = b""
-        if not chunk:
+        except (OSError, ConnectionError):
             self._forget(fd)
             w.conn.close()
             return
-        w.proof += chunk
-        if len(w.proof) < 32:
-            return
         self._forget(fd)
         assert self._secret is not None
-        ok = wire.verify(self._secret, w.nonce, bytes(w.proof))
+        if self._tls is None:
+            ok = wire.verify(self._secret, w.nonce, bytes(w.proof))
+            reply = b"\x00" if ok else b"\x01"
+        else:
+            cert = self._tls[1]
+            ok = hmac.compare_digest(tls.client_proof(self._secret, w.nonce, cert), w.proof)
+            reply = b"\x00" + tls.target_proof(self._secret, w.nonce, cert) if ok else b"\x01"
         try:
-            w.conn.send(b"\x00" if ok else b"\x01")
+            w.conn.send(reply)
         except OSError:
             ok = False
         if not ok:

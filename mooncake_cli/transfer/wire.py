@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import os
 import socket
+import ssl
 import struct
 import time
 
@@ -73,6 +74,16 @@ def recv_spin(sock: socket.socket, view: memoryview, spin: float = SPIN) -> None
 def recv_request(sock: socket.socket, view: memoryview, spin: float = SPIN) -> bool:
     """`recv_spin` for a request header, but False (nothing read) when the socket's receive
     timeout passes before its first byte: the connection is idle, not broken."""
+    if isinstance(sock, ssl.SSLSocket):  # no MSG_DONTWAIT through TLS
+        try:
+            k = sock.recv_into(view, len(view))
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return False
+        if k == 0:
+            raise PeerClosed("peer closed the connection")
+        if k < len(view):
+            recv_into_exact(sock, view[k:])
+        return True
     clock, end = time.perf_counter, time.perf_counter() + spin
     while True:
         try:
@@ -110,6 +121,10 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 def send_parts(sock: socket.socket, *parts: bytes | memoryview) -> None:
     """Send every part in order with as few syscalls as the kernel allows, no joining copy."""
     views = [memoryview(p).cast("B") for p in parts if len(p)]
+    if isinstance(sock, ssl.SSLSocket):  # TLS has no sendmsg: one record stream per part
+        for v in views:
+            sock.sendall(v)
+        return
     while views:
         sent = sock.sendmsg(views)
         while sent:
