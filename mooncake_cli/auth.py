@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import time
@@ -31,6 +32,7 @@ from starlette.types import Message, Receive
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.interfaces import ConfigError
 
+log = logging.getLogger("mooncake.auth")
 HEADER = "x-mooncake-auth"
 WINDOW = 60.0  # seconds a signed request stays valid (clock skew between hosts included)
 MAX_NONCES = 1_000_000  # nonces remembered within the window
@@ -54,6 +56,9 @@ def resolve_secret(secret: str | None, secret_file: str | None) -> str:
             raise ConfigError(f"--secret-file {secret_file}: cannot read it: {e}") from None
         if not text:
             raise ConfigError(f"--secret-file {secret_file} is empty")
+        if os.stat(secret_file).st_mode & 0o077:
+            log.warning("--secret-file %s can be read by other users: chmod 600 it",
+                        secret_file)
         if secret and secret != text:
             raise ConfigError("--secret and --secret-file disagree: give one of them")
         return text

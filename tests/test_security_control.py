@@ -371,3 +371,21 @@ def test_etcd_registrations_are_signed(etcd: str) -> None:
         client.delete_prefix(PREFIX + "signed/")
         d.close()
         svc.close()
+
+
+def test_secret_file(tmp_path: Path) -> None:
+    from mooncake_cli.auth import resolve_secret
+    from mooncake_cli.interfaces import ConfigError
+
+    f = tmp_path / "secret"
+    f.write_text("s3cret\nignored\n")
+    assert resolve_secret(None, str(f)) == "s3cret"
+    assert resolve_secret("s3cret", str(f)) == "s3cret"
+    with pytest.raises(ConfigError, match="disagree"):
+        resolve_secret("other", str(f))
+    f.write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        resolve_secret(None, str(f))
+    with pytest.raises(ConfigError, match="cannot read"):
+        resolve_secret(None, str(tmp_path / "missing"))
+    assert resolve_secret("flag", None) == "flag" and resolve_secret(None, None) == ""
