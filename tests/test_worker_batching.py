@@ -66,7 +66,11 @@ def test_concurrent_requests_equal_their_single_outputs(
     assert decode.load()["free_blocks"] == 96
 
 
-def test_reservations_take_the_prompts_blocks_and_keep_the_watermark(tmp_path: Any) -> None:
+def test_reservations_take_the_prompts_blocks_and_keep_the_watermark(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mooncake_cli.worker import kvgrant
+
+    monkeypatch.setattr(kvgrant, "MAX_UNUSED_SHARE", 1.0)  # one requester may fill the cache
     with DecodeWorker(WorkerConfig(role="decode", block_size=16, kv_blocks=8)) as decode:
         url = decode.url + "/v1/kv/reserve"
         big = call(url, {"request_id": "too-big", "num_tokens": 100, "max_tokens": 100})

@@ -86,6 +86,14 @@ class Bookings:
                 dec.context_tokens = max(0, dec.context_tokens -
                                          self.scheduler.decode_booking(sreq))
 
+    def saw_full(self, name: str) -> None:
+        """Decode instance `name` refused a reservation for lack of room: count it full until
+        its next load report (or a booking released there) says otherwise."""
+        with self.instances.lock:
+            dec = self.scheduler.cluster.by_name.get(name)
+            if dec is not None and dec.kv_capacity_tokens is not None:
+                dec.context_tokens = max(dec.context_tokens, dec.kv_capacity_tokens)
+
     def learn(self, pname: str, keys: list[str], answer: PrefillAnswer,
               decision: Decision, block_bytes: int = 0) -> None:
         prompt, cached = answer.prompt_tokens, answer.cached_tokens

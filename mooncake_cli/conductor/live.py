@@ -144,18 +144,16 @@ class Conductor:
     async def _place(self, rid: str, ids: list[int], req: oa.Completion,
                      ticket: Ticket) -> Placed:
         """Queue for room, prefill, and place again when an instance fails (up to `retries`
-        times) or the decode side turns out to be full after all (back to the queue's head,
-        until the request's timeout)."""
+        times) or the decode side turns out to be full after all (back to the queue's head:
+        the conductor then counts that instance full until it reports or frees room)."""
         keys = block_keys(ids, self.model.ns)
         sreq = Request(rid, len(ids), req.sampling.max_tokens, keys)
         param = "messages" if req.chat else "prompt"
         tried: list[str] = []
-        deadline = ticket.arrived + self.timeout
         attempt, full = 0, False
         while attempt <= self.retries:
             decision = await self.queue.admit(
-                lambda t: self.bookings.decide(sreq, param, t.explain()), ticket, deadline,
-                front=full)
+                lambda t: self.bookings.decide(sreq, param, t.explain()), ticket, front=full)
             full = False
             try:  # whatever happens, the booking does not outlive this attempt
                 ans, purl, durl = await self._prefill(decision, rid, ids, req, tried)
@@ -170,10 +168,10 @@ class Conductor:
             pname, dname = decision.prefill, decision.decode or ""
             if ans.status != 200:
                 msg, code = peer_code(ans.body)
-                if code is ErrorCode.DECODE_FULL and time.monotonic() < deadline:
-                    ticket.requeued += 1  # no room there after all: wait at the head again
+                if code is ErrorCode.DECODE_FULL:  # no room there after all: wait at the head
+                    ticket.requeued += 1
+                    self.bookings.saw_full(dname)
                     full = True
-                    await asyncio.sleep(0.02)
                     continue
                 attempt += 1
                 if code is ErrorCode.DECODE_UNREACHABLE:  # the decode worker died: again

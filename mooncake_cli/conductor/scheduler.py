@@ -192,8 +192,9 @@ class Scheduler:
                             "now", waiting=True)
         inst = self.cluster.by_name.get(placement.chosen.instance)
         if self.prefill_depth and inst is not None and inst.queued >= self.prefill_depth:
+            gap = placement.chosen.prefill_s / max(1, len(self.cluster.live_prefill()))
             return Decision(req.id, now, placement, dec.name if dec else None, tbt, False,
-                            round(placement.chosen.prefill_s, 3), f"prefill instance "
+                            round(gap, 4), f"prefill instance "
                             f"{inst.name} has {inst.queued} requests booked", waiting=True)
         return None
 

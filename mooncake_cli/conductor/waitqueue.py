@@ -1,12 +1,14 @@
 """WaitQueue: a request the cluster has no room for now waits, first come first served, instead
 of getting 429 — the head tries again whenever room may have appeared (a decode booking ended)
-and at least every `POLL_S`. A bounded length (503 with Retry-After beyond it), a client that
-leaves gives its place up, and with a TTFT SLO a request whose predicted TTFT (the queue wait
-plus its prefill) breaks it is refused at once with the predicted wait as Retry-After.
+and at least every `POLL_S`, for as long as its client waits. A bounded length (503 with
+Retry-After beyond it), a client that leaves gives its place up, and with a TTFT SLO a request
+whose predicted TTFT (the queue wait plus its prefill) breaks it is refused at once, with the
+predicted wait as Retry-After.
 
 The predicted wait of the k-th in line is (k + 1) / the rate at which waiting requests were
 recently admitted; before there is such a rate, (k + 1) x the scheduler's estimate of the time
-between decode completions.
+until the next slot frees (the `retry_after_s` of its latest waiting decision: a prefill's time
+when prefill queues are full, the time between decode completions when decode KV is).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class WaitQueue:
         self._line: deque[_Waiter] = deque()
         self._admitted: deque[float] = deque(maxlen=RATE_WINDOW)
         self._last_prefill_s = 0.0
+        self._gap_hint: float | None = None
         self.waited_total = 0
 
     def __len__(self) -> int:
@@ -87,7 +90,9 @@ class WaitQueue:
 
     def predicted_wait(self, position: int) -> float:
         rate = self.rate()
-        return (position + 1) / rate if rate else (position + 1) * self._gap()
+        if rate:
+            return (position + 1) / rate
+        return (position + 1) * (self._gap_hint if self._gap_hint is not None else self._gap())
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -104,12 +109,12 @@ class WaitQueue:
             self._line[0].wake.set()
 
     async def admit(self, decide: Callable[[Ticket], Decision], ticket: Ticket,
-                    deadline: float, front: bool = False) -> Decision:
+                    front: bool = False) -> Decision:
         """A booked decision for `ticket`'s request, once its turn comes and room exists;
         `front` puts it back at the head (its placement failed for lack of room after all)."""
         if not self._line:
             decision = decide(ticket)
-            self._last_prefill_s = decision.placement.chosen.ttft_s
+            self._seen(decision)
             if not decision.waiting:
                 if ticket.predicted_ttft_s is None:
                     ticket.predicted_ttft_s = decision.placement.chosen.ttft_s
@@ -125,14 +130,10 @@ class WaitQueue:
             while True:
                 if self._line[0] is me:
                     decision = decide(ticket)
-                    self._last_prefill_s = decision.placement.chosen.ttft_s
+                    self._seen(decision)
                     if not decision.waiting:
                         self._admitted.append(time.monotonic())
                         return decision
-                if time.monotonic() > deadline:
-                    raise ServingError(ErrorCode.UNAVAILABLE, f"no room for the request in "
-                                       f"{time.monotonic() - ticket.arrived:.0f} s of waiting",
-                                       retry_after=1)
                 me.wake.clear()
                 try:
                     await asyncio.wait_for(me.wake.wait(), POLL_S)
@@ -142,6 +143,11 @@ class WaitQueue:
             ticket.waited_s = time.monotonic() - ticket.arrived
             self._line.remove(me)
             self.notify()  # the next in line may fit too
+
+    def _seen(self, decision: Decision) -> None:
+        self._last_prefill_s = decision.placement.chosen.ttft_s
+        if decision.waiting and decision.retry_after_s is not None:
+            self._gap_hint = decision.retry_after_s
 
     def _check_room(self, ticket: Ticket, front: bool) -> None:
         """503 when the queue is full; 429 when the predicted TTFT breaks the SLO."""

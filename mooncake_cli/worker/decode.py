@@ -82,8 +82,9 @@ class DecodeWorker(WorkerRuntime):
 
     # -- reservations ------------------------------------------------------------------------
     def reserve(self, req: roles.ReserveRequest) -> roles.ReserveAnswer:
-        """Blocks for the prompt's KV, if they are free now beyond the growth watermark and no
-        preempted sequence waits for them; KV_FULL (503, retry) otherwise."""
+        """Blocks for the prompt's KV, if they are free now beyond the growth reserve (the
+        watermark and a block for each running sequence) and no preempted sequence waits for
+        them; KV_FULL (503, retry) otherwise."""
         rid, num_tokens = req.request_id, req.num_tokens
         self._check_fits(num_tokens, req.max_tokens)
         need = self.cache.blocks_for(num_tokens)
@@ -92,11 +93,12 @@ class DecodeWorker(WorkerRuntime):
                 raise ServingError(ErrorCode.CONFLICT,
                                    f"request {rid!r} already holds KV blocks here")
             free = self.cache.allocator.free
-            if self._preempted or free - need < self.watermark:
+            keep = self.watermark + len(self._running)  # the next block of each running one
+            if self._preempted or free - need < keep:
                 self.metrics.add("requests_failed")
                 why = f"{len(self._preempted)} preempted requests resume first" \
                     if self._preempted else f"{need} blocks wanted, {free} of " \
-                    f"{self.cache.num_blocks} free ({self.watermark} kept for growth)"
+                    f"{self.cache.num_blocks} free ({keep} kept for growth)"
                 raise ServingError(ErrorCode.KV_FULL, f"KV cache full: {why}", retry_after=1)
             blocks = self.cache.allocator.allocate(need)
             self._reserved[rid] = Reservation(rid, blocks, num_tokens)
