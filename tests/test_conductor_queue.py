@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import socket
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from mooncake_cli.conductor.local_cluster import LocalCluster
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.worker.config import WorkerConfig
 from tests.conftest import free_port, wait_for
+from tests.helpers.prom import value
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,9 +51,10 @@ def chats(url: str, n: int, max_tokens: int | None = None) -> list[object]:
 
 
 @pytest.fixture(scope="module")
-def small_cluster() -> Iterator[LocalCluster]:
+def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One prefill and one decode worker whose 48 KV blocks hold a few answers at a time."""
-    cfg = ConductorConfig(port=0, model="demo", max_queue=40)
+    explain = tmp_path_factory.mktemp("queue") / "explain.jsonl"
+    cfg = ConductorConfig(port=0, model="demo", max_queue=40, explain=str(explain))
     cluster = LocalCluster(cfg, 1, 1, WorkerConfig(kv_blocks=48))
     try:
         yield cluster
@@ -68,7 +71,21 @@ def test_a_burst_without_max_tokens_is_answered_in_full(small_cluster: LocalClus
     assert decode.load()["preemptions"] >= 1, "48 blocks should not hold 30 answers at once"
     wait_for(lambda: decode.load()["free_blocks"] == 48, 10, what="every block to be freed")
     snap = jsonhttp.call(small_cluster.url + "/v1/instances").body
-    assert snap["queue"]["length"] == 0
+    assert snap["queue"]["length"] == 0 and snap["queue"]["limit"] == 40
+    conductor = small_cluster.conductor
+    assert conductor is not None
+    metrics = jsonhttp.call(small_cluster.url + "/metrics").body["text"]
+    queued = value(metrics, "mooncake_conductor_queued_total")
+    assert queued >= 1 and value(metrics, "mooncake_conductor_queue_wait_seconds_count") == queued
+    assert value(metrics, "mooncake_conductor_queue_length") == 0
+    assert value(metrics, "mooncake_conductor_rejected_total") == 0
+    worker = jsonhttp.call(decode.url + "/metrics").body["text"]
+    assert value(worker, "mooncake_worker_preemptions_total", role="decode") == \
+        decode.load()["preemptions"]
+    records = [json.loads(line) for line in
+               open(conductor.cfg.explain, encoding="utf-8").read().splitlines()]
+    assert len({r["request"] for r in records}) == 30 and all("queue" in r for r in records)
+    assert any(r["queue"]["waited_s"] > 0 for r in records)
 
 
 def test_a_full_queue_is_503_and_loses_no_admitted_request(
