@@ -5,8 +5,8 @@
     signer = Signer(secret)                        # the caller's side (jsonhttp signs with it)
     gate = Gate(secret, api_key, openai_paths)     # the edge's side (`edge_app(guard=gate)`)
 
-A signed request carries `X-Mooncake-Auth: v1 TS NONCE BODY-SHA256 MAC`, where MAC is an
-HMAC-SHA256 keyed by the secret over the method, path, TS, NONCE and the body's digest: the
+A signed request carries `X-Mooncake-Auth: v1 TS NONCE BODY-DIGEST MAC`, where MAC is an
+HMAC-SHA256 keyed by the secret over the method, path, TS, NONCE and the body's BLAKE2b: the
 secret never travels, a request is refused more than `WINDOW` seconds from its TS or when its
 NONCE was seen, and the body is checked against its digest as it is read. The OpenAI routes
 take `Authorization: Bearer KEY` instead, as vLLM's --api-key does.
@@ -84,6 +84,11 @@ def require_secret(host: str, secret: str, role: str) -> None:
                       f"{INSECURE_ENV}=1 to serve without one")
 
 
+def body_digest(data: bytes = b"") -> Any:
+    """The body's digest: BLAKE2b-256 (here ~5x the speed of SHA-256 in software)."""
+    return hashlib.blake2b(data, digest_size=32)
+
+
 def _mac(key: bytes, method: str, path: str, ts: str, nonce: str, digest: str) -> str:
     msg = "\n".join((method.upper(), path, ts, nonce, digest)).encode()
     return hmac.new(key, msg, hashlib.sha256).hexdigest()
@@ -99,7 +104,7 @@ class Signer:
 
     def header(self, method: str, path: str, body: bytes) -> tuple[bytes, bytes]:
         ts, nonce = f"{time.time():.3f}", secrets.token_hex(12)
-        digest = hashlib.sha256(body).hexdigest()
+        digest = body_digest(body).hexdigest()
         mac = _mac(self._key, method, path, ts, nonce, digest)
         return HEADER.encode(), f"v1 {ts} {nonce} {digest} {mac}".encode()
 
@@ -209,8 +214,8 @@ class Gate:
 
 
 def _digest_checked(receive: Receive, digest: str) -> Receive:
-    """`receive`, refusing the body at its end unless its SHA-256 is `digest`."""
-    h = hashlib.sha256()
+    """`receive`, refusing the body at its end unless its digest is `digest`."""
+    h = body_digest()
 
     async def checked() -> Message:
         message = await receive()

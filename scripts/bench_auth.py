@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""What signing costs a request between the roles: the same edge with and without the secret.
+
+    python scripts/bench_auth.py --requests 3000 --body 4096
+
+One `mooncake_cli.asgi` server in this process answering POST /v1/x (the body read through the
+edge, as a worker reads /v1/prefill); the pooled sync client sends `--requests` requests one
+after another, unsigned to a server without a secret, then signed to one with it, alternating
+rounds. Prints requests/s of each and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import JSONResponse, Response  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+from mooncake_cli import jsonhttp  # noqa: E402
+from mooncake_cli.asgi import Server, body, edge_app  # noqa: E402
+from mooncake_cli.auth import Gate, Signer  # noqa: E402
+
+
+async def echo(request: Request) -> Response:
+    return JSONResponse({"n": len(await body(request))})
+
+
+def rate(url: str, payload: dict[str, str], n: int, auth: Signer | None) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        assert jsonhttp.call(url, payload, auth=auth).status == 200
+    return n / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--body", type=int, default=4096, help="bytes of each request's body")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    payload = {"pad": "x" * args.body}
+    plain = Server(edge_app([Route("/v1/x", echo, methods=["POST"])]), "127.0.0.1", 0,
+                   "plain").start()
+    secret = "bench-secret"
+    signed = Server(edge_app([Route("/v1/x", echo, methods=["POST"])], guard=Gate(secret)),
+                    "127.0.0.1", 0, "signed").start()
+    auth = Signer(secret)
+    off, on = [], []
+    try:
+        for _ in range(args.rounds):
+            off.append(rate(f"http://127.0.0.1:{plain.port}/v1/x", payload, args.requests, None))
+            on.append(rate(f"http://127.0.0.1:{signed.port}/v1/x", payload, args.requests,
+                           auth))
+    finally:
+        plain.close()
+        signed.close()
+    best_off, best_on = max(off), max(on)
+    print(f"{args.requests} requests x {args.rounds} rounds, {args.body}-byte bodies, "
+          f"sequential: no secret {best_off:.0f} req/s, signed {best_on:.0f} req/s "
+          f"-> x{best_on / best_off:.3f}")
+
+
+if __name__ == "__main__":
+    main()
