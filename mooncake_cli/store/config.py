@@ -19,6 +19,7 @@ class StoreConfig:
     metrics_port: int = -1  # master: HTTP port of /metrics and /health (-1: off, 0: any free)
     ha: str = ""  # master: etcd://HOST:PORT[,...][/CLUSTER] to run as an HA candidate
     secret: str = ""  # shared secret: every request carries an HMAC-SHA256 keyed by it
+    encrypt: bool = False  # CurveZMQ on the RPC, keyed by the secret (master and clients)
     segment_size: int = size_field(64 << 20, "DRAM a client contributes")
     timeout: float = 5.0  # seconds a client waits for one reply
     heartbeat: float = 1.0  # seconds between a client's heartbeats (keep it under client_ttl)

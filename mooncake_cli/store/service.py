@@ -35,7 +35,7 @@ from mooncake_cli.store.ha.acks import Acks, Pending
 from mooncake_cli.store.ha.leader import LeaderInfo, NotLeader
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.metrics import MetricsServer
-from mooncake_cli.store.wire import protocol
+from mooncake_cli.store.wire import curve, protocol
 from mooncake_cli.store.wire.fastlane import serve_lane
 
 log = logging.getLogger("mooncake.store")
@@ -46,7 +46,8 @@ class MasterService:
 
     def __init__(self, master: StoreMaster, host: str = "127.0.0.1", port: int = 50051,
                  secret: str | None = None, tick_interval: float = 1.0,
-                 metrics_port: int | None = None, starting: bool = False) -> None:
+                 metrics_port: int | None = None, starting: bool = False,
+                 encrypt: bool | None = None) -> None:
         self.master = master
         # HA (election.HaMaster sets these): while `standby` is set, every request but
         # who_leads is refused with NotLeader(standby()); `leader` answers who_leads.
@@ -60,6 +61,13 @@ class MasterService:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
+        try:
+            if curve.wanted(encrypt):  # CurveZMQ keyed by the secret (wire/curve.py)
+                curve.secure_server(self._sock, self._secret)
+        except MooncakeError:
+            self._sock.close()
+            self._ctx.term()
+            raise
         try:
             if port == 0:
                 self.port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -221,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int)
     ap.add_argument("--host")
     ap.add_argument("--secret")
+    ap.add_argument("--encrypt", action="store_true", default=None,
+                    help="CurveZMQ keyed by the secret (clients: MOONCAKE_STORE_ENCRYPT=1)")
     ap.add_argument("--metrics-port", type=int,
                     help="serve Prometheus /metrics and /health here (0: any free port)")
     ap.add_argument("--ha", help="etcd://HOST:PORT[,...][/CLUSTER]: run as an HA candidate")
@@ -251,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         service = MasterService(master, cfg.host, cfg.port, cfg.secret or None,
                                 metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port,
-                                starting=bool(cfg.ha))
-    except StoreError as e:
+                                starting=bool(cfg.ha), encrypt=cfg.encrypt)
+    except MooncakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     ha = HaMaster(service, cfg.ha, lambda: master_from(cfg)) if cfg.ha else None

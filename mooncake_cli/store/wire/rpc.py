@@ -18,7 +18,7 @@ import zmq
 
 from mooncake_cli.store.errors import RpcFailed, StoreError
 from mooncake_cli.store.ha.leader import NOT_LEADER, LeaderResolver, is_ha
-from mooncake_cli.store.wire import protocol
+from mooncake_cli.store.wire import curve, protocol
 
 CHECK_EVERY = 0.5  # seconds between looks at etcd while a reply is awaited (HA)
 MAX_SWITCHES = 4  # leader changes one request follows before it gives up
@@ -39,7 +39,9 @@ class MasterConnection:
     """Requests to the master at HOST:PORT; thread-safe (requests are serialised)."""
 
     def __init__(self, ctx: zmq.Context[Any], address: str, secret: str | None,
-                 timeout: float, on_switch: Callable[[str], None] | None = None) -> None:
+                 timeout: float, on_switch: Callable[[str], None] | None = None,
+                 encrypt: bool | None = None) -> None:
+        """`encrypt`: CurveZMQ keyed by the secret (curve.py; None: MOONCAKE_STORE_ENCRYPT)."""
         if not isinstance(address, str) or ":" not in address:
             raise RpcFailed(f"master address must be HOST:PORT or etcd://HOST:PORT, "
                             f"not {address!r}")
@@ -48,6 +50,9 @@ class MasterConnection:
         self._on_switch = on_switch
         self._ctx = ctx
         self._secret = secret.encode() if secret else None
+        self._curve = curve.wanted(encrypt)
+        if self._curve:
+            curve.require(self._secret)  # say now what is missing
         self.timeout = timeout
         self._lock = threading.Lock()
         self._sock: zmq.Socket[Any] | None = None
@@ -56,6 +61,8 @@ class MasterConnection:
         if self._sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if self._curve:
+                curve.secure_client(sock, self._secret)
             try:
                 sock.connect(f"tcp://{self.address}")
             except zmq.ZMQError as e:  # close it, or the context's teardown waits forever
