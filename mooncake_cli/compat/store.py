@@ -24,7 +24,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from mooncake_cli.compat import ranges, tensor_api
+from mooncake_cli.compat import tensor_api, zero_copy
+from mooncake_cli.compat.codes import BAD, NOT_READY, code_of, put_code
 from mooncake_cli.compat.session import SetupArgs, master_reachable, start_engine
 from mooncake_cli.compat.types import (
     BufferDescriptor,
@@ -37,7 +38,7 @@ from mooncake_cli.compat.types import (
     SoftPinAction,
     native,
 )
-from mooncake_cli.interfaces import ConfigError, MooncakeError
+from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.wire import protocol as p
@@ -49,21 +50,6 @@ __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "Repl
            "BufferHandle"]
 log = logging.getLogger("mooncake.compat")
 T = TypeVar("T")
-NOT_READY, BAD = int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS), int(ErrorCode.INVALID_PARAMS)
-EXISTS = int(ErrorCode.OBJECT_ALREADY_EXISTS)
-
-
-def code_of(e: BaseException) -> int:
-    if isinstance(e, StoreError):
-        return BAD if e.code == ErrorCode.BUFFER_OVERFLOW else int(e.code)  # upstream: -600
-    if isinstance(e, (ConfigError, ValueError, TypeError, OverflowError)):
-        return BAD
-    return int(ErrorCode.INTERNAL_ERROR)
-
-
-def put_code(e: StoreError | None) -> int:
-    """A put's code: OBJECT_ALREADY_EXISTS is a success (upstream's client says 0)."""
-    return 0 if e is None or e.code == EXISTS else code_of(e)
 
 
 class MooncakeDistributedStore:
@@ -270,74 +256,16 @@ class MooncakeDistributedStore:
         """Reads of objects held only on SSD (batch forms and get_into / get)."""
         return self._run(lambda c: int(c.ssd_reads), lambda e: 0)
 
-    # -- zero copy -------------------------------------------------------------------------------
-    def register_buffer(self, buffer_ptr: int, size: int) -> int:
-        """Register `size` bytes at `buffer_ptr` with the engine; kept until unregistered."""
-        if self._engine is None:
-            return NOT_READY
-        if buffer_ptr in self._buffers:
-            return BAD
-        try:
-            view = ranges.view(buffer_ptr, size)
-            self._buffers[buffer_ptr] = (self._engine.register(view), view)
-        except (MooncakeError, ValueError) as e:
-            return code_of(e)
-        return 0
-
-    def unregister_buffer(self, buffer_ptr: int) -> int:
-        entry = self._buffers.pop(buffer_ptr, None)
-        if entry is None or self._engine is None:
-            return BAD
-        if entry[0] is not None:
-            self._engine.unregister(entry[0])
-        return 0
-
-    def put_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
-        return self.batch_put_from([key], [buffer_ptr], [size], config)[0]
-
-    def upsert_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
-        return self.batch_upsert_from([key], [buffer_ptr], [size], config)[0]
-
-    def _put_from(self, keys: list[str], ptrs: list[int], sizes: list[int], config: Any,
-                  upsert: bool) -> list[int]:
-        if not len(keys) == len(ptrs) == len(sizes):
-            return [BAD] * len(keys)
-        return self._run(lambda c: [put_code(e) for e in c.batch_put(
-            keys, [ranges.view(a, n) for a, n in zip(ptrs, sizes, strict=True)],
-            native(config), upsert)], lambda e: [e] * len(keys))
-
-    def batch_put_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
-                       config: Any = None) -> list[int]:
-        return self._put_from(keys, buffer_ptrs, sizes, config, False)
-
-    def batch_upsert_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
-                          config: Any = None) -> list[int]:
-        return self._put_from(keys, buffer_ptrs, sizes, config, True)
-
-    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
-        """Bytes read into the buffer, or a negative code (-600 when it is too small)."""
-        return self.batch_get_into([key], [buffer_ptr], [size])[0]
-
-    def batch_get_into(self, keys: list[str], buffer_ptrs: list[int],
-                       sizes: list[int]) -> list[int]:
-        """Bytes read per key, or its negative code; remote reads in one engine batch."""
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [BAD] * len(keys)
-
-        def go(c: Any) -> list[int]:
-            views = [ranges.view(a, n) for a, n in zip(buffer_ptrs, sizes, strict=True)]
-            return [code_of(v) if isinstance(v, StoreError) else int(v)
-                    for v in c.batch_get_into(keys, views)]
-        return self._run(go, lambda e: [e] * len(keys))
-
-    def get_into_ranges(self, buffer_ptrs: list[int], all_keys: list[list[str]],
-                        all_dst_offsets: list[list[list[int]]],
-                        all_src_offsets: list[list[list[int]]],
-                        all_sizes: list[list[list[int]]]) -> list[list[list[int]]]:
-        """Byte ranges of objects into buffers: per buffer, per key, per range the bytes
-        copied or a negative code (-704 no such key, -600 a range outside it)."""
-        return ranges.get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets,
-                                      all_src_offsets, all_sizes)
+    # -- zero copy (compat/zero_copy.py) ---------------------------------------------------------
+    register_buffer = zero_copy.register_buffer
+    unregister_buffer = zero_copy.unregister_buffer
+    put_from = zero_copy.put_from
+    upsert_from = zero_copy.upsert_from
+    batch_put_from = zero_copy.batch_put_from
+    batch_upsert_from = zero_copy.batch_upsert_from
+    get_into = zero_copy.get_into
+    batch_get_into = zero_copy.batch_get_into
+    get_into_ranges = zero_copy.get_into_ranges
 
     # -- tensors (compat/tensor_api.py) -----------------------------------------------------------
     put_tensor = tensor_api.put_tensor

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from mooncake_cli.compat import tensors
+from mooncake_cli.compat.codes import put_code
 from mooncake_cli.compat.types import native
 from mooncake_cli.store.errors import ErrorCode
 
@@ -18,8 +19,6 @@ def _put(store: Any, keys: list[str], parts: list[tuple[Any, Any, Any]], config:
          upsert: bool) -> list[int]:
     """Put host tensors (with their TP `whole` and `axis`), serialised into the store's scratch
     buffer (reused: the store copies it out before the put returns)."""
-    from mooncake_cli.compat.store import put_code
-
     if store._client is not None and store._buffer == 0:  # upstream: no local buffer, no handle
         return [NO_HANDLE] * len(keys)
     with store._scratch_lock:

@@ -1,0 +1,22 @@
+"""The compat API's return codes: upstream's ErrorCode values, and its conventions."""
+
+from __future__ import annotations
+
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.store.errors import ErrorCode, StoreError
+
+NOT_READY, BAD = int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS), int(ErrorCode.INVALID_PARAMS)
+EXISTS = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+
+
+def code_of(e: BaseException) -> int:
+    if isinstance(e, StoreError):
+        return BAD if e.code == ErrorCode.BUFFER_OVERFLOW else int(e.code)  # upstream: -600
+    if isinstance(e, (ConfigError, ValueError, TypeError, OverflowError)):
+        return BAD
+    return int(ErrorCode.INTERNAL_ERROR)
+
+
+def put_code(e: StoreError | None) -> int:
+    """A put's code: OBJECT_ALREADY_EXISTS is a success (upstream's client says 0)."""
+    return 0 if e is None or e.code == EXISTS else code_of(e)
