@@ -1,6 +1,7 @@
 """Reading many objects into the caller's buffers at once: each key's nearest replica, every
-remote one in one engine batch (staged), local ones copied; a key whose first pick fails (a
-transfer error or a bad checksum) then tries its other replicas alone (ReplicaIO.read).
+remote one in one engine batch (straight into a dest in memory registered with the engine,
+else staged), local ones copied; a key whose first pick fails (a transfer error or a bad
+checksum) then tries its other replicas alone (ReplicaIO.read).
 
     got = read_into(io, keys, replica_lists, [memoryview(b) for b in bufs], bufs)
 """
@@ -39,6 +40,16 @@ def read_into(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Re
             dests[i][:n] = local
             if io._check(key, first, dests[i][:n], []):
                 out[i] = n
+    landed = [(i, r, at) for i, r in remote
+              if (at := io._landing.find(dests[i][:r.size])) is not None]
+    if landed:  # dests in memory registered with the engine: read straight into them
+        reqs = [TransferRequest(Op.READ, at[0], at[1], r.segment, r.offset, r.size)
+                for _, r, at in landed]
+        for (i, r, _), why in zip(landed, io._run(reqs), strict=True):
+            if why is None and io._check(keys[i], r, dests[i][:r.size], []):
+                out[i] = r.size
+        tried = {i for i, _, _ in landed}  # a failed one tries its replicas alone, below
+        remote = [(i, r) for i, r in remote if i not in tried]
     if remote:
         with io._stage.hold(sum(r.size for _, r in remote)) as stage:
             if stage is not None and stage.view is not None:
