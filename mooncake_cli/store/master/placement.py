@@ -11,7 +11,9 @@ from collections.abc import Iterator, Sequence
 
 from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT, Allocator
 from mooncake_cli.store.errors import InvalidReplica, SegmentAlreadyExists, SegmentNotFound
-from mooncake_cli.store.records import Replica, ReplicaStatus, Segment, Tier
+from mooncake_cli.store.records import Replica, ReplicaStatus, Segment, Tier, evolve
+
+_PENDING = Replica("-", 0, 1)  # the template of a new pending replica
 
 
 class _Mount:
@@ -103,14 +105,15 @@ class SegmentTable:
         in order), or [] (nothing held) when fewer than `least` (default `n`) fit."""
         order = [preferred] if isinstance(preferred, str) else list(preferred)
         rank = {name: i for i, name in reversed(list(enumerate(order)))}
+        need = self.aligned(size)
         candidates = []
         for name, ms in self._by_name.items():
-            mounts = [m for m in ms if m.segment.tier == tier
-                      and m.alloc.capacity >= self.aligned(size)]
+            mounts = [m for m in ms if m.segment.tier == tier and m.alloc.capacity >= need]
             if mounts:
                 room = sum(m.alloc.free_bytes for m in mounts)
                 candidates.append((rank.get(name, len(order)), -room, name, mounts))
-        candidates.sort(key=lambda c: c[:3])
+        if len(candidates) > 1:
+            candidates.sort(key=lambda c: c[:3])
         chosen: list[Replica] = []
         used_names: set[str] = set()
         used_hosts: set[str] = set()
@@ -139,11 +142,13 @@ class SegmentTable:
         return self._alloc_on(mounts, size) if mounts else None
 
     def _alloc_on(self, mounts: list[_Mount], size: int) -> Replica | None:
-        for m in sorted(mounts, key=lambda m: -m.alloc.free_bytes):
+        for m in (sorted(mounts, key=lambda m: -m.alloc.free_bytes) if len(mounts) > 1
+                  else mounts):
             off = m.alloc.alloc(size)
             if off is not None:
-                s = m.segment
-                return Replica(s.name, s.base + off, size, s.tier, s.host)
+                s = m.segment  # a checked mount: the replica needs no checks of its own
+                return evolve(_PENDING, segment=s.name, offset=s.base + off, size=size,
+                              tier=s.tier, host=s.host)
         return None
 
     def release(self, r: Replica) -> int:
