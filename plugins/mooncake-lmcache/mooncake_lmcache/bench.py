@@ -85,7 +85,9 @@ def _tiers(stack: ExitStack, args: argparse.Namespace) -> dict[str, dict[str, An
     disk = tempfile.mkdtemp(prefix="mooncake-lmcache-disk-")
     stack.callback(shutil.rmtree, disk, True)
     return {NODE: h.mooncake_config(store.master),
-            OWN: h.mooncake_config(store.master, segment_size=max(2 * size, 64 << 20)),
+            # its own keys: under the node row's keys its puts would find the chunks there
+            OWN: h.mooncake_config(store.master, segment_size=max(2 * size, 64 << 20),
+                                   key_prefix="lmcache-own/"),
             DISK: h.disk_config(disk + "/", max_gb=max(1.0, 3 * size / 1e9)),
             REDIS: h.redis_config(redis.url)}
 

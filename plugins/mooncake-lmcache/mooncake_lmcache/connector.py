@@ -3,13 +3,14 @@
 LMCache builds it as `cls(loop=..., local_cpu_backend=..., config=...)` once
 `remote_storage_plugins` names it (see settings.py for the keys). Chunks travel without extra
 copies: a put hands LMCache's CPU buffer itself to `StoreClient.batch_put`, a get reads straight
-into a buffer from `local_cpu_backend.allocate` with `batch_get_into`. A chunk is stored as its
-raw KV bytes under `key_prefix + key.to_string()`; its shape comes from the engine's own layout
-(the key already names the model, world size, worker and dtype), and a partial last chunk is
-recognised by its size. Lookups take the store's lease (`--lease-ttl`), so a chunk found by a
-lookup is not evicted before the retrieve that follows. An unreachable store gives misses (see
-link.py); one that is unreachable at start-up raises StoreUnreachable, which LMCache logs
-before running without this backend.
+into a buffer from `local_cpu_backend.allocate` with `batch_get_into` (LMCache's whole CPU buffer
+is registered with the transfer engine once, so a remote replica is copied into it directly).
+A chunk is stored as its raw KV bytes under `key_prefix + key.to_string()`; its shape comes from
+the engine's own layout (the key already names the model, world size, worker and dtype), and a
+partial last chunk is recognised by its size. Lookups take the store's lease (`--lease-ttl`),
+so a chunk found by a lookup is not evicted before the retrieve that follows. An unreachable
+store gives misses (see link.py); one that is unreachable at start-up raises StoreUnreachable,
+which LMCache logs before running without this backend.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class MooncakeStoreConnector(RemoteConnector):
         self.local_cpu_backend = local_cpu_backend
         self.link = StoreLink(self.settings)
         self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="mooncake-lmcache")
+        allocator = getattr(local_cpu_backend, "memory_allocator", None)
+        self.direct = self.link.land_reads_in(getattr(allocator, "buffer", None))
         log.info("mooncake store connector: master %s, segment %d bytes, %d replica(s)",
                  self.settings.master, self.settings.segment_size, self.settings.replica_num)
 

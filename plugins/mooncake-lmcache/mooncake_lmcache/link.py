@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.interfaces import MooncakeError
@@ -53,6 +53,19 @@ class StoreLink:
                                          soft_pin=settings.soft_pin)
         self._down_until = 0.0
         self._lock = threading.Lock()
+
+    def land_reads_in(self, pool: Any) -> bool:
+        """Register `pool` (LMCache's CPU buffer, a tensor) with the transfer engine, so that
+        reads into buffers carved from it land there with no staging copy; False when it
+        cannot be (reads are then staged)."""
+        if pool is None or not hasattr(pool, "numel") or pool.numel() == 0:
+            return False
+        try:
+            self.engine.register(pool)
+        except MooncakeError as e:
+            log.info("mooncake store: reads are staged (LMCache's buffer not registered: %s)", e)
+            return False
+        return True
 
     @property
     def up(self) -> bool:

@@ -78,6 +78,9 @@ def test_a_second_engine_retrieves_the_kv_bit_for_bit(store: StoreProcs,
         mask = reader.retrieve(toks, kvcaches=out)
         assert bool(mask.all())
         assert same_bits(out, kv)
+        conn = reader.storage_manager.storage_backends["RemoteBackend-mooncake"].connection
+        io = conn._connector.link.client.io  # LMCache's CPU buffer is registered with the
+        assert conn._connector.direct and io._stage._region is None  # engine: nothing staged
         other = h.tokens(N, 2)  # a prompt nobody stored
         assert reader.lookup(other) == 0
     finally:
