@@ -90,6 +90,36 @@ def test_put_end_and_remove_wait_for_the_owner(durable: Any) -> None:
     assert removed is not None and removed.ok
 
 
+def test_a_checksum_at_put_start_tells_the_owner_before_the_put_ends(durable: Any) -> None:
+    service, ctx = durable
+    owner, writer = Peer(ctx, service.address), Peer(ctx, service.address)
+    assert owner.ask(p.MountSegment(Segment("seg", "own", "h", 0, 1 << 20))).ok
+    first = p.result(owner.ask(p.PollHoldings("own")), HoldingsReport)
+    owner.send(p.PollHoldings("own", first.epoch, first.upto, wait=5))
+    assert writer.ask(p.PutStart("k", 10, checksum="c0ffee")).ok
+    news = owner.answer(2)  # told at put_start, while the writer writes
+    assert news is not None
+    report = p.result(news, HoldingsReport)
+    assert [(h.key, h.replica.checksum) for h in report.added] == [("k", "c0ffee")]
+    owner.send(p.PollHoldings("own", report.epoch, report.upto, wait=5))
+    time.sleep(0.1)
+    # confirmed already; were the end news to the owner, it would wait for an ack that the
+    # owner (not polling again) never sends, and fail after the durable timeout
+    assert writer.ask(p.PutEnd("k", "c0ffee")).ok
+    assert owner.answer(0.3) is None
+
+    assert writer.ask(p.BatchPutStart(["a", "b"], [10, 10], checksums=["aa", "bb"])).ok
+    news = owner.answer(2)
+    assert news is not None
+    report = p.result(news, HoldingsReport)
+    assert sorted(h.key for h in report.added) == ["a", "b"]
+    owner.send(p.PollHoldings("own", report.epoch, report.upto, wait=5))
+    assert writer.ask(p.BatchPutRevoke(["a"])).ok  # a revoked put is taken back from the owner
+    news = owner.answer(2)
+    assert news is not None
+    assert [g.key for g in p.result(news, HoldingsReport).removed] == ["a"]
+
+
 def test_an_owner_that_never_confirms_fails_the_put(durable: Any) -> None:
     service, ctx = durable
     service.acks.timeout = 0.5

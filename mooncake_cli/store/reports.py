@@ -25,7 +25,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mooncake_cli.store.master.placement import SegmentTable
 from mooncake_cli.store.records import (
@@ -128,6 +128,8 @@ class ReportBook:
         self._segments = segments
         self._journals: dict[str, Journal] = {}
         self._marks = threading.local()  # .found: {journal id: (journal, seq)} while collecting
+        # puts under way whose owners were told at put_start (announce): key -> {slot: replica}
+        self._told: dict[str, dict[tuple[str, int], Replica]] = {}
 
     def note(self, old: ObjectMeta | None, new: ObjectMeta | None) -> None:
         """An object changed from `old` to `new` (None: absent): journal its DRAM replicas."""
@@ -138,10 +140,50 @@ class ReportBook:
             if slot not in after and old is not None and (j := self._owner(r)) is not None:
                 j.note(Gone(old.key, r.offset))
                 self._mark(j)
+        told = self._told.get(new.key if new is not None else old.key if old is not None else "")
         for slot, r in after.items():
-            if slot not in before and new is not None and (j := self._owner(r)) is not None:
+            if slot in before or new is None:
+                continue
+            if told is not None and slot in told and told[slot].checksum == r.checksum:
+                continue  # its owner has it since put_start
+            if (j := self._owner(r)) is not None:
                 j.note(Held(new.key, r, new.config))
                 self._mark(j)
+        if told is not None:
+            self._settle(new.key if new is not None else old.key if old is not None else "",
+                         told, new)
+
+    def _settle(self, key: str, told: dict[tuple[str, int], Replica],
+                new: ObjectMeta | None) -> None:
+        """A put told at put_start ended, lost replicas or was dropped: a Gone for each told
+        replica it no longer has; forgotten once it is complete or gone."""
+        kept = {(r.segment, r.offset) for r in new.replicas} if new is not None else set()
+        for slot, r in list(told.items()):
+            if slot not in kept:
+                if (j := self._owner(r)) is not None:
+                    j.note(Gone(key, r.offset))
+                    self._mark(j)
+                del told[slot]
+        if new is None or new.complete or not told:
+            self._told.pop(key, None)
+
+    def announce(self, key: str, replicas: Iterable[Replica], checksum: str,
+                 config: ReplicateConfig) -> None:
+        """A put of `key` started and its writer sent the checksum: tell the owners of its DRAM
+        replicas now, as held (they re-register it only if the bytes match), so that their
+        confirmation overlaps the write and put_end needs no round trip of its own."""
+        if not self._journals:
+            return
+        told: dict[tuple[str, int], Replica] = {}
+        for r in replicas:
+            if r.tier != "dram" or (j := self._owner(r)) is None:
+                continue
+            held = replace(r, checksum=checksum, status=ReplicaStatus.COMPLETE)
+            j.note(Held(key, held, config))
+            self._mark(j)
+            told[(r.segment, r.offset)] = held
+        if told:
+            self._told[key] = told
 
     def _mark(self, journal: Journal) -> None:
         found = getattr(self._marks, "found", None)

@@ -125,6 +125,7 @@ class MasterService:
                     answer = self.answer(rest[len(delim):])
                     if isinstance(answer, Pending):
                         held.append(([*ident, *delim], answer))
+                        self.acks.loop_holds = True
                     else:
                         self._send([*ident, *delim], answer)
             now, still = time.monotonic(), []
@@ -134,6 +135,7 @@ class MasterService:
                 else:
                     still.append((to, h))
             held = still
+            self.acks.loop_holds = bool(held)
 
     def _send(self, to: list[bytes], body: bytes) -> None:
         out = [*to, body]

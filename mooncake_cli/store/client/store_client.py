@@ -31,7 +31,7 @@ from mooncake_cli.store.client.replica_adds import add_replicas
 from mooncake_cli.store.client.replica_io import ReplicaIO, checksum, readable
 from mooncake_cli.store.client.ssd_node import SsdNode
 from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError, TransferFailed
-from mooncake_cli.store.ha.leader import LeaderInfo
+from mooncake_cli.store.ha.leader import LeaderInfo, is_ha
 from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, Segment, StoreStats
 from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.store.wire.fastlane import LaneSlot
@@ -61,6 +61,8 @@ class StoreClient:
         self.engine = engine
         self.client_id = client_id or uuid.uuid4().hex
         self.timeout = timeout
+        # HA: checksums go with put_start, so the leader tells the owners while we write
+        self._ha = is_ha(master)
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._rpc = MasterConnection(self._ctx, master, secret, timeout,
                                      on_switch=self._new_leader)
@@ -145,9 +147,10 @@ class StoreClient:
         """Store `data` (bytes-like, numpy array, CPU tensor) under the new key `key` (with
         `upsert`, replacing the object of that key if there is one)."""
         view = readable(data)
-        sums: list[str] = []  # the checksum is computed while the master places the replicas
-        replicas = self._call(p.PutStart(key, len(view), config, upsert=upsert), list[Replica],
-                              lambda: sums.append(checksum(view)))
+        sums: list[str] = [checksum(view)] if self._ha else []  # else while the master works
+        replicas = self._call(p.PutStart(key, len(view), config, upsert=upsert,
+                                         checksum=sums[0] if sums else None), list[Replica],
+                              None if sums else lambda: sums.append(checksum(view)))
         try:
             self.io.write(view, replicas)
         except MooncakeError as e:  # a StoreError, or the transfer engine's own
@@ -169,10 +172,11 @@ class StoreClient:
         if len(keys) != len(values):
             raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
         views = [readable(v) for v in values]
-        sums: list[str] = []  # computed while the master places the replicas
+        sums = [checksum(v) for v in views] if self._ha else []  # else while the master works
         starts = self._call(p.BatchPutStart(list(keys), [len(v) for v in views], config,
-                                            upsert=upsert),
-                            list[p.Reply], lambda: sums.extend(checksum(v) for v in views))
+                                            upsert=upsert, checksums=sums or None),
+                            list[p.Reply],
+                            None if sums else lambda: sums.extend(checksum(v) for v in views))
         out: list[StoreError | None] = []
         placed: list[list[Replica]] = []
         for item in starts:

@@ -2,14 +2,16 @@
 of every replica it touched has taken in the change, so a new leader, rebuilt from the owners'
 holdings (master/rebuild.py), knows every acknowledged object and none that was removed.
 
-How: while a PutEnd / BatchPutEnd / Remove / BatchRemove / RemoveAll runs, the holdings
-journals (reports.py) collect the (journal, seq) marks of the owners it touched; the answer is
-held (a `Pending`) until each owner acknowledged its mark with its next PollHoldings. Owners
-long-poll (PollHoldings.wait): an empty poll is held until a change for them comes, so the cost
-of a durable answer is one master -> owner -> master round trip, shared by every change that
-arrives meanwhile (the owner takes them all in one report). An owner that does not confirm
-within DURABLE_TIMEOUT gets the writer an error; a leader that lost its term meanwhile answers
-NotLeader, and the client sends the request again to the new leader.
+How: while a request changes objects, the holdings journals (reports.py) collect the
+(journal, seq) marks of the owners it touched; the answer to a PutEnd / BatchPutEnd / Remove /
+BatchRemove / RemoveAll / BatchReplicaClear is held (a `Pending`) until each owner acknowledged
+its mark with its next PollHoldings. Owners long-poll (PollHoldings.wait) over the same-host
+lane when there is one: an empty poll is held until a change for them comes, and one report
+carries every change that came meanwhile. A writer that sends its checksum with put_start (HA
+clients do) has the owners told right then (`ReportBook.announce`): their confirmation runs
+while the bytes are written, and the put_end waits only for what is left of it. An owner that
+does not confirm within DURABLE_TIMEOUT gets the writer an error; a leader that lost its term
+meanwhile answers NotLeader, and the client sends the request again to the new leader.
 
 A leader in its first WARM_UP seconds is still being refilled by the owners: a read that misses
 answers NotLeader ("not ready, retry") rather than ObjectNotFound, and the client retries.
@@ -24,19 +26,24 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
 from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.ha.leader import NotLeader
 from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.records import Replica, ReplicateConfig
+from mooncake_cli.store.reports import Journal, ReportBook
 from mooncake_cli.store.wire import protocol as p
 
 DURABLE_TIMEOUT = 2.0  # seconds an owner has to confirm a change (below clients' timeouts)
 MAX_POLL_WAIT = 2.0  # the longest a PollHoldings is held
 WARM_UP = 1.0  # seconds a new leader answers misses with "not ready, retry"
+MAX_TOLD = 100_000  # put_start marks kept for puts under way
+STARTS = (p.PutStart, p.BatchPutStart)
 DURABLE = (p.PutEnd, p.BatchPutEnd, p.Remove, p.BatchRemove, p.RemoveAll, p.BatchReplicaClear)
 READS = (p.GetReplicaList, p.BatchGetReplicaList, p.Exists, p.BatchExists, p.Describe,
          p.BatchDescribe)
@@ -60,7 +67,9 @@ class Acks:
         self.durable = False
         self.timeout = timeout
         self.warm_until = 0.0  # time.monotonic() until which misses answer "not ready"
+        self._told: dict[str, tuple[ReportBook, list[tuple[Journal, int]]]] = {}
         self._cond = threading.Condition()
+        self.loop_holds = False  # whether the zmq loop holds answers (else no need to wake it)
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
@@ -70,6 +79,10 @@ class Acks:
         master = current()
         if isinstance(request, p.PollHoldings) and request.wait > 0:
             return self._poll(current, master, request)
+        if self.durable and isinstance(request, STARTS):
+            return self._start(master, request)
+        if self.durable and isinstance(request, (p.PutRevoke, p.BatchPutRevoke)):
+            self._take(master.state.reports, request)
         if not (self.durable and isinstance(request, DURABLE)):
             reply = p.run(master, request)
             if isinstance(request, p.PollHoldings):
@@ -82,13 +95,18 @@ class Acks:
         book = master.state.reports
         with book.collect() as marks:
             reply = p.run(master, request)
+        if marks:
+            self.poke()  # the owners' held polls have news
+        marks += self._take(book, request)
         if not marks:
             return reply
-        self.poke()  # the owners' held polls have news
 
         def ready() -> bool:
             with master.state.lock:
                 return current() is not master or all(book.confirmed(j, s) for j, s in marks)
+
+        if ready():  # confirmed already (told at put_start)
+            return reply
 
         def answer() -> p.Reply:
             if current() is not master:
@@ -101,6 +119,39 @@ class Acks:
                                       f"may not survive a failover of the master",
                                       ErrorCode.RPC_FAIL))
         return Pending(ready, answer, time.monotonic() + self.timeout)
+
+    def _start(self, master: StoreMaster, request: p.PutStart | p.BatchPutStart) -> p.Reply:
+        """Run a put_start and tell the owners of its replicas at once (with the checksum the
+        writer sent); the marks wait for the put_end."""
+        book = master.state.reports
+        config = request.config or ReplicateConfig()
+        with master.state.lock:
+            try:
+                value = request.call(master)
+            except StoreError as e:
+                return p.error(e)
+            for key, replicas, checksum in _started(request, value):
+                with book.collect() as marks:
+                    book.announce(key, replicas, checksum, config)
+                if marks:
+                    self._told[key] = (book, marks)
+        if len(self._told) > MAX_TOLD:  # puts never ended nor revoked: their waits are moot
+            self._told.clear()
+        self.poke()
+        if isinstance(request, p.PutStart):
+            return p.ok(value)
+        return p.ok([p.error(v) if isinstance(v, StoreError) else p.ok(v) for v in value])
+
+    def _take(self, book: ReportBook, request: p.Request) -> list[tuple[Journal, int]]:
+        """The put_start marks of the keys `request` ends or revokes (forgotten here)."""
+        keys = request.keys if isinstance(request, (p.BatchPutEnd, p.BatchPutRevoke)) else \
+            [request.key] if isinstance(request, (p.PutEnd, p.PutRevoke)) else []
+        out: list[tuple[Journal, int]] = []
+        for key in keys:
+            told = self._told.pop(key, None)
+            if told is not None and told[0] is book:
+                out += told[1]
+        return out
 
     def _poll(self, current: Callable[[], StoreMaster], master: StoreMaster,
               request: p.PollHoldings) -> p.Reply | Pending:
@@ -138,6 +189,8 @@ class Acks:
         """Something held may be ready now: wake the waiters and the zmq loop."""
         with self._cond:
             self._cond.notify_all()
+        if not self.loop_holds:
+            return
         try:
             os.write(self._w, b"\0")
         except BlockingIOError:
@@ -159,6 +212,19 @@ class Acks:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _started(request: p.PutStart | p.BatchPutStart, value: Any
+             ) -> list[tuple[str, Sequence[Replica], str]]:
+    """(key, replicas, checksum) of each put a put_start began (its result `value`), where
+    the writer sent the checksum."""
+    if isinstance(request, p.PutStart):
+        return [] if request.checksum is None else [(request.key, value, request.checksum)]
+    if request.checksums is None or len(request.checksums) != len(request.keys):
+        return []
+    return [(key, v, checksum) for key, checksum, v in zip(request.keys, request.checksums, value,
+                                                           strict=True)
+            if not isinstance(v, StoreError)]
 
 
 def _missing(request: p.Request, reply: p.Reply) -> bool:

@@ -82,11 +82,15 @@ class Heartbeat(_Req, tag="heartbeat"):
 
 
 class PutStart(_Req, tag="put_start"):
+    """`checksum`: the value's, when the writer has it already; an HA leader then tells the
+    replicas' owners at once (store/ha/acks.py)."""
+
     key: Key
     size: Size
     config: ReplicateConfig | None = None
     tier: Tier = "dram"
     upsert: bool = False
+    checksum: Checksum | None = None
 
     def call(self, m: StoreMaster) -> tuple[Replica, ...]:
         return m.put_start(self.key, self.size, self.config, tier=self.tier, upsert=self.upsert)
@@ -162,6 +166,7 @@ class BatchPutStart(_Req, tag="batch_put_start"):
     config: ReplicateConfig | None = None
     tier: Tier = "dram"
     upsert: bool = False
+    checksums: Annotated[list[Checksum], msgspec.Meta(max_length=MAX_BATCH)] | None = None
 
     def call(self, m: StoreMaster) -> list[Any]:
         return m.batch_put_start(self.keys, self.sizes, self.config, tier=self.tier,
