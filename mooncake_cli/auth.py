@@ -153,10 +153,6 @@ class Gate:
         self._openai = frozenset(openai_paths)
         self._nonces: OrderedDict[str, float] = OrderedDict()
 
-    @property
-    def enabled(self) -> bool:
-        return self._key is not None or self._api_key is not None
-
     async def __call__(self, request: Request) -> Receive | None:
         path = request.url.path
         if path in PUBLIC:
@@ -189,7 +185,7 @@ class Gate:
         if query:
             path += "?" + query
         expected = _mac(self._key, request.method, path, ts, nonce, digest)
-        if not hmac.compare_digest(expected, mac):
+        if not hmac.compare_digest(expected.encode(), mac.encode("latin-1")):
             raise _refused("bad signature (wrong secret?)")
         try:
             skew = abs(time.time() - float(ts))
@@ -222,7 +218,7 @@ def _digest_checked(receive: Receive, digest: str) -> Receive:
         if message["type"] == "http.request":
             h.update(message.get("body", b""))
             if not message.get("more_body", False) and \
-                    not hmac.compare_digest(h.hexdigest(), digest):
+                    not hmac.compare_digest(h.hexdigest().encode(), digest.encode("latin-1")):
                 raise _refused("the body does not match its signature")
         return message
 

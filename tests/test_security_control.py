@@ -155,6 +155,9 @@ def test_replayed_and_tampered_requests_are_refused(roles) -> None:
                           headers={name.decode(): value.decode(),
                                    "Content-Type": "application/json"})
     assert tampered.status_code == 401 and "body" in tampered.json()["error"]["message"]
+    for odd in ("v1 1 n d \xe9", "v1 \xe9 \xe9 \xe9 \xe9", "v2 a b c d", "v1 nan x y z"):
+        ans = httpx.get(url, headers={"X-Mooncake-Auth": odd.encode("latin-1")})
+        assert ans.status_code == 401, (odd, ans.text)
 
 
 def test_a_worker_name_cannot_be_taken_over(roles) -> None:
