@@ -148,13 +148,21 @@ PROSE: dict[str, dict[str, Any]] = {
             "P,D it also starts, in this process, a store master, P prefill and D decode "
             "workers of --model: a whole cluster from one command. --explain FILE logs every "
             "decision with its per-candidate estimates.",
+            "Every endpoint but the OpenAI API, /health and /metrics takes only requests "
+            "signed with the cluster secret (--secret-file or MOONCAKE_SECRET, the same on "
+            "every role; --local makes a fresh one), and the conductor signs its requests to "
+            "the workers with it; beyond loopback it refuses to start without one. A worker's "
+            "name stays its first registrant's. --api-key guards the OpenAI API "
+            "(Authorization: Bearer KEY) and GET /v1/instances; --audit-log FILE appends a "
+            "JSON line per registration, completion and refused access.",
         ],
         "examples": [
             ("A whole cluster on a laptop, with the demo model:",
              "mooncake conductor start --local 2,1 --model demo --port 8000"),
             ("In front of workers that register in etcd, with SLOs:",
              "mooncake conductor start --host 0.0.0.0 --model demo --registry "
-             "etcd://10.0.0.5:2379 --ttft-slo 2 --tbt-slo 0.1"),
+             "etcd://10.0.0.5:2379 --secret-file /etc/mooncake/secret --api-key KEY "
+             "--ttft-slo 2 --tbt-slo 0.1"),
         ],
     },
     "prefill": {
