@@ -4,6 +4,7 @@ a fake decode server that the prefill worker is pointed at, naming the real work
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -148,3 +149,22 @@ def test_a_real_hand_off_still_works(workers: tuple[str, str]) -> None:
         "request_id": "legit", "token_ids": PROMPT, "first_token": got.body["first_token"],
         "sampling": {"max_tokens": 4}}, timeout=60, auth=AUTH) if "token" in e]
     assert len(out) == 4 and out[0] == got.body["first_token"]
+
+
+def test_unused_reservations_are_bounded_per_requester_and_expire(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Reserving every block and never writing: one requester holds at most half the pool in
+    unused reservations, and those are freed after UNUSED_TTL (here 1 s, 30 s by default)."""
+    from mooncake_cli.worker import kvgrant
+    from mooncake_cli.worker.config import WorkerConfig
+    from mooncake_cli.worker.decode import DecodeWorker
+
+    monkeypatch.setattr(kvgrant, "UNUSED_TTL", 1.0)
+    with DecodeWorker(WorkerConfig(role="decode", block_size=8, kv_blocks=16)) as decode:
+        got = [call(decode.url + "/v1/kv/reserve", {"request_id": f"hog-{i}", "num_tokens": 16})
+               for i in range(8)]
+        assert [a.status for a in got] == [200] * 4 + [503] * 4  # 2 blocks each, 8 of 16
+        assert "not written to" in got[4].body["error"]["message"]
+        time.sleep(1.5)
+        again = call(decode.url + "/v1/kv/reserve", {"request_id": "late", "num_tokens": 16})
+        assert again.status == 200, again.body  # the unused ones were freed first
+        assert decode.load()["free_blocks"] == 16 - 2
