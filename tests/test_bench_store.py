@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import child_env
 
-from mooncake_cli.bench import store_upstream
+from mooncake_cli.bench import store_tensors, store_upstream
 from mooncake_cli.bench.store import BenchStoreConfig, StoreBench
 from mooncake_cli.bench.store_workload import Row, run_row, verify
 from mooncake_cli.config import TransferConfig
@@ -118,6 +118,12 @@ def test_verification_fails_on_wrong_bytes() -> None:
         b.store = FlippingStore(b.store)  # type: ignore[assignment]
         with pytest.raises(MooncakeError, match="verification failed"):
             b.run(Row("put", 4096, 1))
+        torch = pytest.importorskip("torch")
+        t = torch.arange(8, dtype=torch.bfloat16)
+        b.store.put_tensor("v/t", t)
+        assert store_tensors.verify(b.store, ["v/t"], [t]) == ""
+        assert "differs" in store_tensors.verify(b.store, ["v/t"], [t + 1])
+        assert "differs" in store_tensors.verify(b.store, ["v/none"], [t])
 
 
 @pytest.mark.skipif(not store_upstream.available()[0],
