@@ -29,13 +29,18 @@ AUTH = signer(SECRET)
 PROMPT = [0, 17, 29, 41, 53, 67, 79, 83, 97, 101, 113, 127, 131, 139, 149, 151, 163]
 
 
+AUDIT: list[str] = []  # the decode worker's audit log
+
+
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     model = write_model(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama", seed=5)
     common = ["--model", str(model), "--store", "none", "--block-size", "8",
               "--secret", SECRET]
+    AUDIT.append(str(tmp_path_factory.mktemp("audit") / "decode.jsonl"))
     procs = [WorkerProc("prefill", *common, "--name", "p-cap"),
-             WorkerProc("decode", *common, "--kv-blocks", "32", "--name", "d-cap")]
+             WorkerProc("decode", *common, "--kv-blocks", "32", "--name", "d-cap",
+                        "--audit-log", AUDIT[0])]
     try:
         yield procs[0].url, procs[1].url
     finally:
@@ -149,6 +154,23 @@ def test_a_real_hand_off_still_works(workers: tuple[str, str]) -> None:
         "request_id": "legit", "token_ids": PROMPT, "first_token": got.body["first_token"],
         "sampling": {"max_tokens": 4}}, timeout=60, auth=AUTH) if "token" in e]
     assert len(out) == 4 and out[0] == got.body["first_token"]
+
+
+def test_the_audit_log_has_the_refused_writes_and_the_transfers(
+        workers: tuple[str, str], reader: TransferEngine) -> None:
+    import json
+
+    r = reserve(workers[1], "audited")
+    src = reader.register(bytearray(r["block_bytes"]))
+    [st] = reader.submit([TransferRequest(Op.WRITE, src, 0, r["segment"], r["base"],
+                                          r["block_bytes"])]).wait(10)
+    assert st.state is State.FAILED
+    release(workers[1], "audited")
+    time.sleep(0.5)
+    lines = [json.loads(x) for x in open(AUDIT[0])]
+    refused = [x for x in lines if x["event"] == "refused" and x.get("listener") == "transfer"]
+    assert any("guarded" in x["why"] and x["peer"] for x in refused), refused
+    assert any(x["event"] == "reserve" for x in lines)
 
 
 def test_unused_reservations_are_bounded_per_requester_and_expire(monkeypatch) -> None:  # type: ignore[no-untyped-def]

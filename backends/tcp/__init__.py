@@ -25,6 +25,14 @@ class TcpEndpoint:
         self.port: int = self.server.port
         self._encrypt = engine.encrypt
 
+    @property
+    def audit(self) -> Any:
+        return self.server.audit
+
+    @audit.setter
+    def audit(self, log: Any) -> None:
+        self.server.audit = log
+
     def register(self, region: Any) -> Mapping[str, str]:
         return {}  # the listener checks every request against the segment itself
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 from mooncake_cli.interfaces import ConfigError, TransferError
 from mooncake_cli.transfer import tls, wire
@@ -55,9 +57,18 @@ class TargetServer:
             sock.close()
             raise ConfigError("encryption in transit needs the cluster secret: pass --secret "
                               "(or MOONCAKE_SECRET) with --encrypt")
+        self.audit: Any = None  # an AuditLog (mooncake_cli.audit): refusals and transfers
         self.gate = Gate(sock, b"MCK", secret, self._admit, MAX_PENDING, MAX_PENDING // 2,
                          HANDSHAKE_TIMEOUT if handshake_timeout is None else handshake_timeout,
                          name="mooncake-accept", tls=tls.server_context() if encrypt else None)
+        self.gate.on_refused = lambda peer, why: self._record("refused", peer=peer, why=why)
+
+    def _record(self, event: str, **fields: Any) -> None:
+        if self.audit is not None:
+            try:
+                self.audit.record(event, listener="transfer", **fields)
+            except Exception:  # a broken log must not stop the data path
+                log.exception("audit log")
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
         entry = self.served.add(conn, peer)
@@ -82,6 +93,11 @@ class TargetServer:
         finally:
             self.served.remove(entry)
             conn.close()
+            if entry.requests:
+                self._record("transfer", peer=entry.peer, requests=entry.requests,
+                             bytes_in=entry.bytes_in, bytes_out=entry.bytes_out,
+                             duration_s=round(time.monotonic() - entry.opened, 6),
+                             status="evicted" if entry.evicted else "closed")
 
     def _loop(self, entry: Entry) -> None:
         conn, seg, grants = entry.conn, self.segment, self.grants
@@ -100,6 +116,7 @@ class TargetServer:
             if not self.served.claim(entry):
                 return  # closed to make room while the header came: nothing was applied
             op, _flags, _r, rid, off, length = wire.REQUEST.unpack(hdr)
+            entry.requests += 1
             if op not in wire.OPS or length > wire.MAX_REQUEST:
                 self._error(conn, rid, wire.E_BADOP,
                             f"malformed request (op {op}, length {length})")
@@ -112,6 +129,7 @@ class TargetServer:
                 else:
                     wire.send_parts(conn, wire.RESPONSE.pack(wire.OK, 0, 0, rid, length),
                                     region.load(start, length))
+                    entry.bytes_out += length
             elif op in (wire.OP_WRITE, wire.OP_WRITE_CAP):
                 token: bytes | None = None
                 if op == wire.OP_WRITE_CAP:
@@ -126,11 +144,14 @@ class TargetServer:
                     wire.drain(conn, length, memoryview(bytearray(min(length, 1 << 16))))
                     code = wire.E_AUTH if isinstance(e, PermissionError) else wire.E_BOUNDS
                     log.warning("refused a write from %s: %s", entry.peer, e)
+                    self._record("refused", peer=entry.peer, why=str(e), offset=off,
+                                 bytes=length)
                     self._error(conn, rid, code, str(e))
                 else:
                     if stage is None and length <= STAGE_BYTES and region.view is not None:
                         stage = memoryview(bytearray(STAGE_BYTES))
                     self._write(conn, region, start, length, stage, token, entry.peer)
+                    entry.bytes_in += length
                     conn.sendall(wire.RESPONSE.pack(wire.OK, 0, 0, rid, 0))
             elif op == wire.OP_DESCRIBE:
                 body = self._describe()

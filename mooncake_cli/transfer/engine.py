@@ -109,6 +109,13 @@ class TransferEngine:
             raise TransferError(f"cannot register memory with a transport: {e}") from e
         self._republish()
 
+    def set_audit(self, audit: Any) -> None:
+        """Record refused accesses and each served connection's transfers (peer, requests,
+        bytes, duration, status) in `audit` (a mooncake_cli.audit.AuditLog, or None)."""
+        for ep in self.endpoints.by_name.values():
+            if hasattr(ep, "audit"):
+                ep.audit = audit
+
     def guard(self, region: Region) -> None:
         """Peers' WRITEs into `region` need a capability from `grants.issue` (checked by the
         listener for every write; one-sided transports such as nixl do not check it)."""

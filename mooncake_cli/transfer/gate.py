@@ -70,6 +70,7 @@ class Gate:
         self._waiting: collections.OrderedDict[int, _Waiter] = collections.OrderedDict()
         self._per: collections.Counter[str] = collections.Counter()
         self.refused = 0  # waiters closed for lack of room, time or a right proof
+        self.on_refused: Callable[[str, str], None] | None = None  # (peer, why): a wrong proof
         self._sel = selectors.DefaultSelector()
         sock.setblocking(False)
         self._sel.register(sock, selectors.EVENT_READ)
@@ -204,6 +205,8 @@ class Gate:
         if not ok:
             log.warning("refused a connection from %s: wrong secret", w.peer)
             self.refused += 1
+            if self.on_refused is not None:
+                self.on_refused(w.peer, "wrong secret")
             w.conn.close()
             return
         self._hand_over(w.conn, w.peer)

@@ -18,11 +18,14 @@ import time
 class Entry:
     """One served connection; its thread marks it `busy` while a request is in hand."""
 
-    __slots__ = ("conn", "peer", "busy", "since", "evicted")
+    __slots__ = ("conn", "peer", "busy", "since", "evicted", "opened", "requests", "bytes_in",
+                 "bytes_out")
 
     def __init__(self, conn: socket.socket, peer: str) -> None:
         self.conn, self.peer = conn, peer
         self.busy, self.since, self.evicted = False, time.monotonic(), False
+        self.opened = self.since
+        self.requests = self.bytes_in = self.bytes_out = 0  # for the audit log
 
     def idle(self) -> None:
         self.busy, self.since = False, time.monotonic()

@@ -102,6 +102,7 @@ class WorkerRuntime:
             self.pool_region = self.engine.register(self.cache.pool)
             if self.role == "decode":  # prefill writes KV there only with a reservation's
                 self.engine.guard(self.pool_region)  # capability (worker/kvgrant.py)
+            self.engine.set_audit(self.audit)  # refused accesses and transfers, too
             if cfg.uses_store:
                 self.store = StoreClient(cfg.store, self.engine, cfg.segment_size,
                                          client_id=f"{self.name}-{self.engine.name}",
