@@ -104,7 +104,7 @@ def _chaos(cfg: BenchChaosConfig, engine: TransferEngine, report: ChaosReport,
                     progress(n, cfg.kills, f"kill {n + 1}/{cfg.kills}")
                 time.sleep(rng.uniform(0.3, 1.5))
                 killed = cluster.kill_leader()
-                spare = _in_background(cluster.add_master)
+                spare = _in_background(cluster.adopt, cluster.spawn_master())
                 up = load.probe_after(killed, RECOVERY_LIMIT)
                 if up is None:
                     raise MooncakeError(f"gets did not work again within {RECOVERY_LIMIT:g} s "
@@ -121,8 +121,8 @@ def _chaos(cfg: BenchChaosConfig, engine: TransferEngine, report: ChaosReport,
             prober.close()
 
 
-def _in_background(fn: Any) -> threading.Thread:
-    thread = threading.Thread(target=fn, daemon=True)
+def _in_background(fn: Any, *args: Any) -> threading.Thread:
+    thread = threading.Thread(target=fn, args=args, daemon=True)
     thread.start()
     return thread
 

@@ -108,7 +108,10 @@ class ChaosCluster:
             raise
 
     def _start(self, argv: list[str], what: str) -> tuple[Child, dict[str, Any]]:
-        child = Child(argv, what)
+        return self._ready(Child(argv, what), what)
+
+    @staticmethod
+    def _ready(child: Child, what: str) -> tuple[Child, dict[str, Any]]:
         try:
             info = child.line(START_TIMEOUT)
         except BaseException:
@@ -119,14 +122,21 @@ class ChaosCluster:
             raise MooncakeError(f"{what} did not start: {info}")
         return child, info
 
-    def add_master(self) -> str:
-        """Start one more master (an HA candidate with HA); its address."""
+    def spawn_master(self) -> Child:
+        """Start one more master (an HA candidate with HA); `adopt` it once it is up. Call
+        from the thread that lives longest: a child dies with the thread that started it."""
         argv = [sys.executable, "-m", "mooncake_cli.store.service", "--port", "0"]
-        child, info = self._start(argv + (["--ha", self.url] if self.ha else []),
-                                  "a store master")
+        return Child(argv + (["--ha", self.url] if self.ha else []), "a store master")
+
+    def adopt(self, child: Child) -> str:
+        """Wait for a spawned master's ready line; its address."""
+        child, info = self._ready(child, "a store master")
         address = str(info["address"])
         self.masters[address] = child
         return address
+
+    def add_master(self) -> str:
+        return self.adopt(self.spawn_master())
 
     def leader(self, within: float = 10.0) -> LeaderInfo:
         """The leader etcd names, once one is named and it runs (HA only)."""
