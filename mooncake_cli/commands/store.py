@@ -211,7 +211,8 @@ def put(
     ctx: typer.Context,
     key: str = typer.Argument(..., help="Key of the new object."),
     file: str = typer.Argument(..., help="File to store, or - for stdin."),
-    replicas: int = typer.Option(1, "--replicas", help="Replicas on distinct segments."),
+    replicas: int = typer.Option(1, "--replicas", help="Replicas on distinct segments (as "
+                                 "many as there are, at least one)."),
     soft_pin: bool = typer.Option(False, "--soft-pin", help="Evict only after unpinned objects."),
     hard_pin: bool = typer.Option(False, "--hard-pin", help="Never evict."),
     master: str = MASTER, secret: str = c.SECRET, timeout: float = STORE_TIMEOUT,
@@ -222,6 +223,7 @@ def put(
     config = ReplicateConfig(replicas, soft_pin=soft_pin, hard_pin=hard_pin)
     with _client(out, master, secret, timeout) as client:
         client.put(key, data, config)
+        replicas = len(client.describe(key).replicas)  # best effort: what was placed
     out.event({"event": "put", "key": key, "bytes": len(data), "replicas": replicas},
               f"stored {len(data)} bytes under {escape(key)} ({replicas} "
               f"replica{'s' if replicas != 1 else ''})")
