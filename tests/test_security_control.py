@@ -156,7 +156,7 @@ def test_replayed_and_tampered_requests_are_refused(roles) -> None:
                                    "Content-Type": "application/json"})
     assert tampered.status_code == 401 and "body" in tampered.json()["error"]["message"]
     for odd in ("v1 1 n d \xe9", "v1 \xe9 \xe9 \xe9 \xe9", "v2 a b c d", "v1 nan x y z"):
-        ans = httpx.get(url, headers={"X-Mooncake-Auth": odd.encode("latin-1")})
+        ans = httpx.get(url, headers={b"X-Mooncake-Auth": odd.encode("latin-1")})
         assert ans.status_code == 401, (odd, ans.text)
 
 
@@ -392,3 +392,39 @@ def test_secret_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         resolve_secret(None, str(tmp_path / "missing"))
     assert resolve_secret("flag", None) == "flag" and resolve_secret(None, None) == ""
+
+
+def test_a_restarted_worker_gets_its_name_back() -> None:
+    """The name is free again once its registrant deregisters (or is dropped as silent)."""
+    from mooncake_cli.conductor.config import ConductorConfig
+    from mooncake_cli.conductor.service import ConductorService
+    from mooncake_cli.worker.registration import Registrar
+
+    svc = ConductorService(ConductorConfig(port=0, instance_ttl=0.5), SECRET).start()
+
+    def body(url: str) -> Any:
+        return lambda: {"name": "w", "role": "decode", "url": url}
+
+    first = Registrar(svc.url, body("http://127.0.0.1:7001"), 0.1, auth=Signer(SECRET)).start()
+    second = Registrar(svc.url, body("http://127.0.0.1:7002"), 0.1, auth=Signer(SECRET))
+    try:
+        deadline = time.monotonic() + 10
+        while first.registered == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second.start()
+        time.sleep(0.5)
+        assert first.registered > 0 and second.registered == 0  # 403 while first holds it
+
+        def url_of_w() -> str | None:
+            listed = httpx.get(svc.url + "/v1/instances").json()["instances"]
+            return next((i["url"] for i in listed if i["name"] == "w"), None)
+
+        assert url_of_w() == "http://127.0.0.1:7001"
+        first.close("w")  # deregisters
+        deadline = time.monotonic() + 10
+        while second.registered == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert url_of_w() == "http://127.0.0.1:7002"
+    finally:
+        second.close("w")
+        svc.close()
