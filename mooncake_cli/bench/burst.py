@@ -42,6 +42,7 @@ class BurstConfig:
     threads: int = 0  # torch threads of the local cluster's process (0: torch's default)
     api_key: str = ""
     timeout: float = 900.0
+    warmup: int = 8  # sequential short requests first, so the cost model has seen the workers
 
 
 @dataclass
@@ -58,6 +59,10 @@ class Outcome:
 
 def prompt(i: int) -> str:
     return f"Tell me something about {TOPICS[i % len(TOPICS)]} (question {i})."
+
+
+def _auth(cfg: BurstConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
 
 
 def _header(r: httpx.Response, name: str) -> float | None:
@@ -122,7 +127,7 @@ def _decode_counters(client: httpx.Client, url: str) -> dict[str, int]:
 
 async def _burst(cfg: BurstConfig, url: str, model: str,
                  progress: Callable[[int, int], None]) -> tuple[list[Outcome], float]:
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    headers = _auth(cfg)
     limits = httpx.Limits(max_connections=cfg.requests, max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits, headers=headers,
                                  timeout=httpx.Timeout(cfg.timeout, connect=60.0)) as client:
@@ -195,19 +200,22 @@ def run(cfg: BurstConfig, progress: Callable[[str, int, int], None]) -> dict[str
         child = None
         if cfg.url:
             url = cfg.url.rstrip("/")
-            with httpx.Client(headers={"Authorization": f"Bearer {cfg.api_key}"}
-                              if cfg.api_key else {}) as c:
+            with httpx.Client(headers=_auth(cfg)) as c:
                 model = c.get(url + "/v1/models").json()["data"][0]["id"]
         else:
             child, url, model = _start_local(cfg, kv)
         try:
-            with httpx.Client(timeout=30) as c:
+            with httpx.Client(timeout=120, headers=_auth(cfg)) as c:
+                for i in range(cfg.warmup):
+                    c.post(url + "/v1/chat/completions", json={
+                        "model": model, "max_tokens": 4,
+                        "messages": [{"role": "user", "content": f"warm-up {i}"}]})
                 before = _decode_counters(c, url)
             def step(done: int, total: int, lb: str = label) -> None:
                 progress(lb, done, total)
 
             outcomes, seconds = asyncio.run(_burst(cfg, url, model, step))
-            with httpx.Client(timeout=30) as c:
+            with httpx.Client(timeout=30, headers=_auth(cfg)) as c:
                 after = _decode_counters(c, url)
         finally:
             if child is not None:

@@ -81,6 +81,9 @@ def burst(
                                 help="Bearer key of a conductor started with --api-key."),
     timeout: float = typer.Option(900.0, "--timeout", min=1.0,
                                   help="Seconds one request may take."),
+    warmup: int = typer.Option(8, "--warmup", min=0,
+                               help="Short requests sent one by one before the burst, so the "
+                                    "conductor's cost model has seen the workers."),
 ) -> None:
     """Concurrent chat requests without max_tokens: answered, 429, 503, throughput, latency."""
     from mooncake_cli.bench.burst import BurstConfig, run
@@ -93,7 +96,7 @@ def burst(
     except ValueError:
         raise ConfigError(f"--kv-blocks {kv_blocks!r}: use N or N,N,... (blocks >= 1)") from None
     cfg = BurstConfig(url or "", local, model, requests, max_tokens, ttft_slo, sizes, threads,
-                      api_key or "", timeout)
+                      api_key or "", timeout, warmup)
     if out.json:
         rep = run(cfg, lambda *_: None)
     else:

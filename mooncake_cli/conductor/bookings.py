@@ -117,7 +117,8 @@ class Bookings:
             self.metrics.add("evicted_blocks_total", len(evicted))
         model = self.scheduler.cluster.model
         if isinstance(model, OnlineCostModel):
-            model.observe_prefill(prompt - cached, answer.timing.compute)
+            t = answer.timing
+            model.observe_prefill(prompt - cached, t.compute, max(t.total - t.queue, 0.0))
 
     def _log(self, decision: Decision, queue: dict[str, Any] | None = None) -> None:
         if self._explain is not None:

@@ -2,7 +2,9 @@
 
 Used by the live conductor when no profile.json is given. Prefill time is
 `overhead + per_token * (n - p)`, both kept as exponentially weighted averages of what prefill
-workers report (`observe_prefill`); a decode step is the recent step time the decode workers
+workers report (`observe_prefill`): per_token from the compute time, overhead from the rest of
+the time a request held the worker (reserving decode KV, loading and storing blocks, the last
+transfer); a decode step is the recent step time the decode workers
 report in their load (`observe_decode`). Until the first report the priors hold (1 ms per
 token, 20 ms per step), so the first decisions are sane and later ones follow the hardware.
 """
@@ -31,13 +33,18 @@ class OnlineCostModel:
     def decode_step_time(self, batch: int, context_tokens: int) -> float:
         return self.step_s
 
-    def observe_prefill(self, computed_tokens: int, seconds: float) -> None:
-        """A prefill that computed `computed_tokens` tokens in `seconds` of compute."""
+    def observe_prefill(self, computed_tokens: int, seconds: float,
+                        service_s: float | None = None) -> None:
+        """A prefill that computed `computed_tokens` tokens in `seconds` of compute, holding
+        the worker `service_s` in all (when known)."""
         if computed_tokens < 1 or seconds <= 0:
             return
         with self._lock:
-            per = max(seconds - self.overhead_s, 0.0) / computed_tokens
+            per = seconds / computed_tokens
             self.per_token_s += self.alpha * (per - self.per_token_s)
+            if service_s is not None and service_s >= seconds:
+                rest = service_s - self.per_token_s * computed_tokens
+                self.overhead_s += self.alpha * (max(rest, 0.0) - self.overhead_s)
 
     def observe_decode(self, step_seconds: float) -> None:
         if step_seconds > 0:

@@ -51,7 +51,7 @@ class DecodeWorker(WorkerRuntime):
         self._reserved: dict[str, Reservation] = {}
         self._inbox: deque[DecodeRequest] = deque()
         self._running: list[DecodeRequest] = []  # in admission order
-        self._preempted: deque[DecodeRequest] = deque()  # resumed from the left
+        self._preempted: deque[DecodeRequest] = deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mooncake-decode", daemon=True)
         self._thread.start()
@@ -205,7 +205,7 @@ class DecodeWorker(WorkerRuntime):
             self.cache.release(req.seq.block_table)
             req.seq.num_computed = 0
             req.preemptions += 1
-            self._preempted.appendleft(req)
+            self._preempted.append(req)
         self.metrics.add("preemptions")
         self.metrics.add("parked_blocks", parked)
         log.info("preempted %s (%d tokens, %d blocks parked)", req.request_id, len(req.seq),
@@ -224,20 +224,23 @@ class DecodeWorker(WorkerRuntime):
                 self._preempt(self._running[-1])
 
     def _resume(self) -> None:
-        """Resume preempted sequences, oldest first, while the room they need is free."""
-        while self._preempted and not self._stop.is_set():
-            req = self._preempted[0]
+        """Resume preempted sequences, oldest first, each one whose room is free (a long one
+        that does not fit yet does not hold back shorter ones: no new reservation is taken
+        while any waits, so it gets its room as the others finish)."""
+        for req in sorted(self._preempted, key=lambda r: r.order):
+            if self._stop.is_set():
+                return
             if req.cancelled:
                 with self._cv:
                     self._end(req)
                 continue
             if self.cache.allocator.free < self.cache.blocks_for(len(req.seq)) + self.watermark:
-                return
+                continue
             got = self.parking.resume(req.seq)
             self.metrics.add("reloaded_blocks", got.reloaded_blocks)
             self.metrics.add("recomputed_tokens", got.recomputed_tokens)
             with self._cv:
-                self._preempted.popleft()
+                self._preempted.remove(req)
                 self._running.append(req)
                 self._running.sort(key=lambda r: r.order)
 
