@@ -20,6 +20,7 @@ from mooncake_cli.store import Segment, StoreMaster
 from mooncake_cli.store import protocol as p
 from mooncake_cli.store.errors import ErrorCode
 from mooncake_cli.store.leader import NOT_LEADER
+from mooncake_cli.store.records import Replica
 from mooncake_cli.store.reports import HoldingsReport
 from mooncake_cli.store.service import MasterService
 
@@ -118,6 +119,30 @@ def test_a_checksum_at_put_start_tells_the_owner_before_the_put_ends(durable: An
     news = owner.answer(2)
     assert news is not None
     assert [g.key for g in p.result(news, HoldingsReport).removed] == ["a"]
+
+
+def test_a_remount_brings_its_holdings_before_anything_is_placed(durable: Any) -> None:
+    service, ctx = durable
+    owner = Peer(ctx, service.address)
+    seg = Segment("seg", "own", "h", 0, 1 << 20)
+    assert owner.ask(p.MountSegment(seg)).ok
+    assert owner.ask(p.PutStart("k", 4096, checksum="c0ffee")).ok
+    report = p.result(owner.ask(p.PollHoldings("own")), HoldingsReport)
+    held = [h for h in report.added if h.key == "k"]
+    assert held
+
+    new = MasterService(StoreMaster(), port=0)  # a new leader knows nothing of the segment
+    try:
+        peer = Peer(ctx, new.address)
+        reply = peer.ask(p.Remount(seg, held))
+        assert reply.ok and p.result(reply, list[p.Reply])[0].ok
+        # mount and registration in one step: a put now is placed beside "k", not over it
+        x = p.result(peer.ask(p.PutStart("x", 4096)), list[Replica])[0].offset
+        k = held[0].replica.offset
+        assert x >= k + 4096 or x + 4096 <= k
+        assert p.result(peer.ask(p.Exists("k")), bool)
+    finally:
+        new.close()
 
 
 def test_an_owner_that_never_confirms_fails_the_put(durable: Any) -> None:

@@ -64,13 +64,14 @@ class HoldingsKeeper:
 
     def _remount(self, segment: Segment) -> None:
         log.info("master does not know client %s: re-mounting", self.client_id)
-        self.conn.call(p.MountSegment(segment), bool)
         held = self.holdings.verified(self._view)
         refused = 0
-        for i in range(0, len(held), REGISTER_CHUNK):
-            chunk = held[i:i + REGISTER_CHUNK]
-            for h, item in zip(chunk, self.conn.call(p.RegisterHeld(chunk), list[p.Reply]),
-                               strict=True):
+        # the mount goes with the first p.MAX_BATCH: no put is placed over them in between
+        starts = [0, *range(p.MAX_BATCH, len(held), REGISTER_CHUNK)]
+        for i in starts:
+            chunk = held[i:i + (REGISTER_CHUNK if i else p.MAX_BATCH)]
+            ask = p.RegisterHeld(chunk) if i else p.Remount(segment, chunk)
+            for h, item in zip(chunk, self.conn.call(ask, list[p.Reply]), strict=True):
                 try:
                     p.result(item, None)
                 except StoreError as e:

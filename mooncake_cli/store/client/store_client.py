@@ -41,6 +41,7 @@ from mooncake_cli.transfer.segment import Region, host_view
 
 log = logging.getLogger("mooncake.store")
 LONG_POLL = 0.4  # seconds the master may hold a heartbeat (under the rpc's 0.5 s etcd checks)
+RETRY_AFTER = 0.1  # seconds before the next heartbeat after one failed
 
 
 class StoreClient:
@@ -111,17 +112,20 @@ class StoreClient:
         """Long polls, one after the other (the master holds each until news, up to LONG_POLL
         s), so the owner confirms a change at once; `interval` s apart with a master that
         answers at once."""
-        wait, pause = min(interval, LONG_POLL), interval
+        wait, pause, failed = min(interval, LONG_POLL), interval, False
         while not self._stop.wait(pause):
             sent = time.monotonic()
             try:
                 news = self.keeper.beat(wait if self.segment is not None else 0.0)
-            except StoreError as e:
+            except StoreError as e:  # e.g. the lane to a leader just killed: look again soon
                 log.warning("store heartbeat: %s", e)
-                news = False
+                pause = interval if failed else min(interval, RETRY_AFTER)
+                failed = True
+                continue
             except Exception:  # the heartbeat must outlive any one bad round
                 log.exception("store heartbeat")
                 news = False
+            failed = False
             took = time.monotonic() - sent
             held = wait > 0 and took >= wait / 2  # the master holds polls: poll again at once
             pause = 0.0 if news or held else max(0.0, interval - took)

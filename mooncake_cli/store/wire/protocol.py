@@ -297,16 +297,30 @@ class RegisterHeld(_Req, tag="register_held"):
         return m.register_held(self.held)
 
 
+class Remount(_Req, tag="remount"):
+    """A client whose master forgot it mounts its segment again together with the replicas
+    it holds there, in one step: nothing can be placed over them in between. Per held
+    replica None or its error, as RegisterHeld."""
+
+    segment: Segment
+    held: Annotated[list[Held], msgspec.Meta(max_length=MAX_BATCH)]
+
+    def call(self, m: StoreMaster) -> list[Any]:
+        with m.state.lock:
+            m.mount_segment(self.segment)
+            return m.register_held(self.held)
+
+
 Request = Union[  # noqa: UP007 - msgspec wants a real Union of the tagged structs
     MountSegment, UnmountSegment, Heartbeat, PutStart, PutEnd, PutRevoke, GetReplicaList,
     Exists, Describe, Remove, RemoveAll, List, Stats, RegisterExisting, BatchPutStart,
     BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists, BatchRemove, WhoLeads,
     PollMoves, MovesDone, BatchAddReplicaStart, BatchAddReplicaEnd, BatchAddReplicaRevoke,
-    PollHoldings, RegisterHeld, BatchDescribe, BatchReplicaClear,
+    PollHoldings, RegisterHeld, Remount, BatchDescribe, BatchReplicaClear,
 ]
 BATCHES = (BatchPutStart, BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists,
            BatchDescribe, BatchRemove, BatchAddReplicaStart, BatchAddReplicaEnd,
-           BatchAddReplicaRevoke, RegisterHeld)
+           BatchAddReplicaRevoke, RegisterHeld, Remount)
 
 
 class Reply(msgspec.Struct, frozen=True):
