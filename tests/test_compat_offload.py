@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port, wait_for
-from helpers.store_procs import Proc
 
 from mooncake_cli.compat.store import MooncakeDistributedStore
+from tests.conftest import free_port, wait_for
+from tests.helpers.store_procs import Proc
 
 pytestmark = pytest.mark.timeout(90)
 MiB, SIZE = 1 << 20, 100_000  # ten values fill the 1 MiB DRAM segment

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import free_port
-from helpers.store_procs import Proc, start_master
 
 from mooncake_cli.compat.store import MooncakeDistributedStore, ReplicateConfig
+from tests.conftest import free_port
+from tests.helpers.store_procs import Proc, start_master
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20

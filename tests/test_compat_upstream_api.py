@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import free_port
-from helpers.store_procs import start_master
+
+from tests.conftest import free_port
+from tests.helpers.store_procs import start_master
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 pytestmark = pytest.mark.timeout(120)

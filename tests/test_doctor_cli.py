@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, child_env, free_port
+
+from tests.conftest import REPO, child_env, free_port
 
 pytestmark = pytest.mark.timeout(180)
 SYSFS = Path(__file__).parent / "data" / "sysfs"

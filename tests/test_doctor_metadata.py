@@ -8,14 +8,14 @@ from typing import Any
 
 import etcd3gw
 import pytest
-from conftest import free_port, wait_for
-from helpers.store_procs import Proc, start_master, start_node
 
 from mooncake_cli.doctor import DoctorConfig, Status
 from mooncake_cli.doctor import master as master_checks
 from mooncake_cli.doctor import metadata as metadata_checks
 from mooncake_cli.interfaces import SegmentDescriptor
 from mooncake_cli.transfer.metadata import KEY_PREFIX
+from tests.conftest import free_port, wait_for
+from tests.helpers.store_procs import Proc, start_master, start_node
 
 pytestmark = pytest.mark.timeout(120)
 

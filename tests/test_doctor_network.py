@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, wait_for
 
 from mooncake_cli.doctor import DoctorConfig, Status
 from mooncake_cli.doctor.network import loopback_check, peer_checks, range_check, time_wait_check
+from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 SYSFS = Path(__file__).parent / "data" / "sysfs"

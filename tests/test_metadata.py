@@ -12,13 +12,13 @@ import urllib.parse
 import uuid
 
 import pytest
-from conftest import free_port, wait_for
 
 from mooncake_cli.interfaces import ConfigError, MetadataError, RegionInfo, SegmentDescriptor
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.metadata import KEY_PREFIX, open_metadata
 from mooncake_cli.transfer.metadata_http import MAX_VALUE
+from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, child_env
 from mooncake_backends.nixl.ucx import UcxInfo
 
 from mooncake_cli.doctor import nixl as doctor_nixl
 from mooncake_cli.doctor.check import DoctorConfig, Status
 from mooncake_cli.registry import Registry
+from tests.conftest import REPO, child_env
 
 pytestmark = pytest.mark.timeout(120)
 SYSFS = Path(__file__).parent / "data" / "sysfs"

@@ -8,8 +8,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import free_port, wait_for
-from helpers.store_procs import Proc, start_master
 
 from mooncake_cli.store import ReplicaStatus, ReplicateConfig, Segment, StoreMaster
 from mooncake_cli.store import protocol as p
@@ -24,6 +22,8 @@ from mooncake_cli.store.errors import (
     SegmentNotFound,
     StoreError,
 )
+from tests.conftest import free_port, wait_for
+from tests.helpers.store_procs import Proc, start_master
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20

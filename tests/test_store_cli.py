@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
-from helpers.store_procs import Proc
 from typer.testing import CliRunner
 
 from mooncake_cli.app import EXIT_CODES, app
 from mooncake_cli.store import StoreError
+from tests.conftest import free_port
+from tests.helpers.store_procs import Proc
 
 pytestmark = pytest.mark.timeout(60)
 runner = CliRunner()

@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import free_port, wait_for
-from helpers.store_node import value
-from helpers.store_procs import Proc, start_master, start_node
 
 from mooncake_cli.store import ErrorCode, Replica, ReplicateConfig, StoreError
 from mooncake_cli.store import protocol as p
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ChecksumMismatch, ObjectNotFound, TransferFailed
+from tests.conftest import free_port, wait_for
+from tests.helpers.store_node import value
+from tests.helpers.store_procs import Proc, start_master, start_node
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20

@@ -16,8 +16,6 @@ from typing import Any
 import etcd3gw
 import pytest
 import zmq
-from conftest import REPO, child_env, wait_for
-from helpers.store_procs import Proc, start_ha_master, start_node
 
 from mooncake_cli.compat.store import MooncakeDistributedStore
 from mooncake_cli.compat.store import ReplicateConfig as CompatConfig
@@ -32,6 +30,8 @@ from mooncake_cli.store.election import HaMaster
 from mooncake_cli.store.leader import NOT_LEADER, HaAddress, LeaderInfo, LeaderResolver
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.transfer.engine import TransferEngine
+from tests.conftest import REPO, child_env, wait_for
+from tests.helpers.store_procs import Proc, start_ha_master, start_node
 
 pytestmark = pytest.mark.timeout(90)
 

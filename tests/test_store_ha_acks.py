@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import REPO, child_env, free_port
 
 from mooncake_cli.store import Segment, StoreMaster
 from mooncake_cli.store import protocol as p
@@ -23,6 +22,7 @@ from mooncake_cli.store.leader import NOT_LEADER
 from mooncake_cli.store.records import Replica
 from mooncake_cli.store.reports import HoldingsReport
 from mooncake_cli.store.service import MasterService
+from tests.conftest import REPO, child_env, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import wait_for
-from helpers.store_procs import Proc, start_ha_master, start_node
 
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.registry import Registry
@@ -23,6 +21,8 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectHasLease, ObjectNotFound
 from mooncake_cli.store.leader import LeaderInfo, LeaderResolver
 from mooncake_cli.transfer.engine import TransferEngine
+from tests.conftest import wait_for
+from tests.helpers.store_procs import Proc, start_ha_master, start_node
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import free_port
-from helpers.store_procs import Proc, start_master
 
 from mooncake_cli.store import ReplicateConfig
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ChecksumMismatch
+from tests.conftest import free_port
+from tests.helpers.store_procs import Proc, start_master
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20

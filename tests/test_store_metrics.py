@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import free_port
-from helpers.store_procs import Proc, start_master
 from typer.testing import CliRunner
 
 from mooncake_cli.app import app
@@ -22,6 +20,8 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectNotFound
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.service import MasterService
+from tests.conftest import free_port
+from tests.helpers.store_procs import Proc, start_master
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from conftest import REPO, child_env, free_port, wait_for
-from helpers.store_procs import Proc, start_ha_master, start_master, start_node
 
 from mooncake_cli.store import ReplicateConfig, Segment, StoreError, StoreMaster
 from mooncake_cli.store.client import StoreClient
@@ -24,6 +22,8 @@ from mooncake_cli.store.holdings import Holdings
 from mooncake_cli.store.leader import LeaderInfo, LeaderResolver
 from mooncake_cli.store.records import Replica
 from mooncake_cli.store.reports import MAX_REPORT, Held, HoldingsReport
+from tests.conftest import REPO, child_env, free_port, wait_for
+from tests.helpers.store_procs import Proc, start_ha_master, start_master, start_node
 
 pytestmark = pytest.mark.timeout(120)
 MiB = 1 << 20

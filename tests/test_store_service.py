@@ -12,12 +12,12 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from conftest import free_port
-from helpers.store_procs import Proc, start_master
 
 from mooncake_cli.store import ErrorCode, StoreError
 from mooncake_cli.store import protocol as p
 from mooncake_cli.store.client import StoreClient
+from tests.conftest import free_port
+from tests.helpers.store_procs import Proc, start_master
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = "s3cret"

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, wait_for
-from helpers.store_procs import Proc, start_master
 from mooncake_backends.ssd import DATA
 from mooncake_backends.ssd.manifest import LOG, Manifest
 from test_tier_ssd import free_hugepages
@@ -26,6 +24,8 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ChecksumMismatch, NoAvailableHandle, ObjectNotFound
 from mooncake_cli.store.moves import Move, MoveOrders
 from mooncake_cli.store.records import Replica
+from tests.conftest import free_port, wait_for
+from tests.helpers.store_procs import Proc, start_master
 
 pytestmark = pytest.mark.timeout(60)
 KiB, MiB = 1 << 10, 1 << 20
