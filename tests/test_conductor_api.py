@@ -17,7 +17,7 @@ from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.interfaces import ConfigError
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.helpers.prom import helps, value
 
 
@@ -207,9 +207,9 @@ def test_decode_side_failures_reroute_400_or_wait() -> None:
         svc.close()
 
 
-def test_never_fits_is_400_and_full_now_is_429() -> None:
+def test_never_fits_is_400_and_full_now_waits() -> None:
     """The scheduler's own view: a request over every decode instance's whole KV capacity is
-    400 (it would get 429 forever); one that only finds them full now is 429."""
+    400 (it would wait forever); one that only finds them full now waits in the queue."""
     svc = ConductorService(ConductorConfig(port=0, instance_ttl=60.0)).start()
     try:
         def register(name: str, role: str, free: int) -> None:
@@ -227,11 +227,11 @@ def test_never_fits_is_400_and_full_now_is_429() -> None:
         assert never.body["error"]["code"] == "context_length_exceeded"
         assert never.body["error"]["param"] == "messages"
         assert "largest decode instance holds 64" in never.body["error"]["message"]
-        register("d0", "decode", 0)  # now full
-        busy = jsonhttp.call(svc.url + "/v1/completions",
-                             {"model": "demo", "prompt": "z", "max_tokens": 4})
-        assert busy.status == 429 and "no decode instance has KV room" in \
-            busy.body["error"]["message"]
+        register("d0", "decode", 0)  # now full: a request waits (no SLO), until its client goes
+        with pytest.raises(OSError, match="timed out"):
+            jsonhttp.call(svc.url + "/v1/completions",
+                          {"model": "demo", "prompt": "z", "max_tokens": 4}, timeout=1.5)
+        wait_for(lambda: len(svc.conductor.queue) == 0, 10, what="the queue to empty")
         assert svc.conductor.bookings._queued.get("p0", {}) == {}
     finally:
         svc.close()

@@ -82,7 +82,7 @@ class Conductor:
         self.timeout = timeout
         self.bookings = Bookings(scheduler, instances, metrics, explain_path)
         self.queue = WaitQueue(queue_limit, scheduler.slo.ttft_s, scheduler.decode_retry,
-                               metrics.add)
+                               metrics.add, lambda d: scheduler.estimated_ttft(d.placement))
         metrics.queue_length = lambda: len(self.queue)
         self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
 
@@ -135,7 +135,7 @@ class Conductor:
             if ticket.waited_s:
                 self.metrics.add("queued_total")
                 self.metrics.queue_wait.observe(ticket.waited_s)
-        tokens = self._decode(placed, rid, ids, req)
+        tokens = self._decode(placed, rid, ids, req, ticket)
         cached = placed.answer.cached_tokens
         if req.stream:
             return answers.sse(req, rid, tokens, start, self.metrics, len(ids), cached)
@@ -238,8 +238,8 @@ class Conductor:
             tried.append(pname)
             return None, purl, durl
 
-    async def _decode(self, placed: Placed, rid: str, ids: list[int],
-                      req: oa.Completion) -> AsyncIterator[dict[str, Any]]:
+    async def _decode(self, placed: Placed, rid: str, ids: list[int], req: oa.Completion,
+                      ticket: Ticket) -> AsyncIterator[dict[str, Any]]:
         body = roles.GenerateRequest(request_id=rid, token_ids=ids, sampling=req.sampling,
                                      first_token=placed.answer.first_token, stream=req.stream)
         sreq = Request(rid, len(ids), req.sampling.max_tokens, ())
@@ -251,6 +251,9 @@ class Conductor:
                 if ev.get("error") or ev.get("finish_reason") == "error":
                     raise ServingError(ErrorCode.UPSTREAM_FAILED, f"decode worker {dname} "
                                        f"failed: {ev.get('error') or 'no reason given'}")
+                if out == 0 and "token" in ev and ticket.placed_ttft_s is not None:
+                    after = time.monotonic() - ticket.arrived - ticket.waited_s
+                    self.scheduler.observe_ttft(ticket.placed_ttft_s, after)
                 out += "token" in ev
                 yield ev
         except OSError as e:

@@ -97,6 +97,17 @@ class Scheduler:
     mean_output_tokens: float = 256.0  # running estimate, for decode retry-after
     grow_decode: bool = False
     prefill_depth: int = 0  # grow_decode: requests booked per prefill instance at most (0: any)
+    ttft_bias_s: float = 0.0  # grow_decode: measured TTFT after placement minus the estimate
+
+    def observe_ttft(self, estimated_s: float, actual_s: float) -> None:
+        """A request placed with TTFT estimate `estimated_s` (no queue wait) saw its first token
+        `actual_s` after placement: what the cost model misses (HTTP, event loops, a loaded
+        host) is learned as an additive bias, so SLO admission follows what clients see."""
+        if self.grow_decode:
+            self.ttft_bias_s += 0.1 * ((actual_s - estimated_s) - self.ttft_bias_s)
+
+    def estimated_ttft(self, placement: Placement) -> float:
+        return placement.chosen.ttft_s + (self.ttft_bias_s if self.grow_decode else 0.0)
 
     def decode_booking(self, req: Request) -> int:
         """KV tokens a request books on its decode instance."""
@@ -146,7 +157,7 @@ class Scheduler:
         """Decide, without booking anything (see `commit`)."""
         placement = self.policy.place(req, self.cluster, now, explain)
         dec, tbt = self.pick_decode(req)
-        ttft = placement.chosen.ttft_s
+        ttft = self.estimated_ttft(placement)
         if self.grow_decode:
             wait = self._wait(req, now, placement, dec, tbt)
             if wait is not None:

@@ -42,6 +42,7 @@ class Ticket:
     predicted_ttft_s: float | None = None
     waited_s: float = 0.0
     requeued: int = 0
+    placed_ttft_s: float | None = None  # the estimate from placement on (no queue wait)
 
     def headers(self) -> dict[str, str]:
         """What the answer tells the client about its wait (for benchmarks and dashboards)."""
@@ -67,7 +68,9 @@ class WaitQueue:
 
     def __init__(self, limit: int, ttft_slo: float | None,
                  completion_gap: Callable[[], float],
-                 count: Callable[[str], None] = lambda _: None) -> None:
+                 count: Callable[[str], None] = lambda _: None,
+                 estimate: Callable[[Decision], float] = lambda d: d.placement.chosen.ttft_s
+                 ) -> None:
         self.limit = limit
         self._count = count  # a refusal: "rejected_total" (SLO) or "queue_full_total"
         self.ttft_slo = ttft_slo
@@ -76,6 +79,7 @@ class WaitQueue:
         self._admitted: deque[float] = deque(maxlen=RATE_WINDOW)
         self._last_prefill_s = 0.0
         self._gap_hint: float | None = None
+        self._estimate = estimate  # a decision's TTFT from placement on
         self.waited_total = 0
 
     def __len__(self) -> int:
@@ -117,7 +121,8 @@ class WaitQueue:
             self._seen(decision)
             if not decision.waiting:
                 if ticket.predicted_ttft_s is None:
-                    ticket.predicted_ttft_s = decision.placement.chosen.ttft_s
+                    ticket.predicted_ttft_s = self._last_prefill_s
+                ticket.placed_ttft_s = self._last_prefill_s
                 return decision
         self._check_room(ticket, front)
         me = _Waiter(ticket)
@@ -133,6 +138,7 @@ class WaitQueue:
                     self._seen(decision)
                     if not decision.waiting:
                         self._admitted.append(time.monotonic())
+                        ticket.placed_ttft_s = self._last_prefill_s
                         return decision
                 me.wake.clear()
                 try:
@@ -145,7 +151,7 @@ class WaitQueue:
             self.notify()  # the next in line may fit too
 
     def _seen(self, decision: Decision) -> None:
-        self._last_prefill_s = decision.placement.chosen.ttft_s
+        self._last_prefill_s = self._estimate(decision)
         if decision.waiting and decision.retry_after_s is not None:
             self._gap_hint = decision.retry_after_s
 
