@@ -185,7 +185,10 @@ def test_a_starting_master_answers_not_ready() -> None:
     assert not reply.ok and reply.code == NOT_LEADER and "not ready, retry" in reply.message
 
 
-def test_an_ha_master_process_never_answers_an_internal_error(etcd: str) -> None:
+@pytest.mark.parametrize("argv", [["-m", "mooncake_cli.store.service"],
+                                  ["-m", "mooncake_cli", "store", "master"]])
+def test_an_ha_master_process_never_answers_an_internal_error(etcd: str,
+                                                              argv: list[str]) -> None:
     port = free_port()
     ctx: zmq.Context[Any] = zmq.Context()
     peer = Peer(ctx, f"127.0.0.1:{port}")
@@ -205,8 +208,8 @@ def test_an_ha_master_process_never_answers_an_internal_error(etcd: str) -> None
 
     thread = threading.Thread(target=flood)
     thread.start()
-    master = subprocess.Popen([sys.executable, "-m", "mooncake_cli.store.service", "--port",
-                               str(port), "--ha", f"{etcd}/s{uuid.uuid4().hex[:8]}"],
+    master = subprocess.Popen([sys.executable, *argv, "--port", str(port), "--ha",
+                               f"{etcd}/s{uuid.uuid4().hex[:8]}"],
                               cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL)
     try:
         thread.join(30)

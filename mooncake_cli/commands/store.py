@@ -119,7 +119,7 @@ def master(
     with c.stop_signals() as stop, MasterService(
             master_from(cfg), cfg.host, cfg.port, cfg.secret or None,
             metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port,
-            encrypt=cfg.encrypt or None) as service:
+            encrypt=cfg.encrypt or None, starting=bool(cfg.ha)) as service:
         ready: dict[str, Any] = {"event": "ready", "address": service.address,
                                  "auth": bool(cfg.secret), "eviction": cfg.eviction}
         if service.metrics_url:
