@@ -4,7 +4,7 @@ reuse odds per read count and the reuse gaps; prefix's default inner order."""
 from __future__ import annotations
 
 from mooncake_cli.store.eviction import PrefixPolicy
-from mooncake_cli.store.eviction.density import PERIOD, HitDensityPolicy, bucket
+from mooncake_cli.store.eviction.density import PERIOD, HitDensityPolicy, bucket, length_class
 
 
 def test_buckets_are_logarithmic_in_age() -> None:
@@ -62,3 +62,38 @@ def test_an_evicted_key_put_again_counts_as_reused() -> None:
 
 def test_prefix_steers_hit_density_by_default() -> None:
     assert isinstance(PrefixPolicy().inner, HitDensityPolicy)
+
+
+def test_an_unused_chain_is_classed_by_its_length_and_learnt_as_one() -> None:
+    p = HitDensityPolicy()
+    for n, name in ((3, "s"), (5, "m"), (20, "l"), (70, "x")):
+        keys = [f"{name}{i}" for i in range(n)]
+        for k in keys:
+            p.admit(k)
+        p.chain(keys)
+    classes = {name: p._class[f"{name}0"] for name in "smlx"}
+    assert classes["s"] == 0 and len({classes[n] for n in "mlx"}) == 3
+    assert length_class(4) == length_class(15) != length_class(16) == length_class(63)
+    assert length_class(64) == length_class(1000) and length_class(3) == 0
+    assert p._entries[0] == 1.0 + 3  # the chained ones are counted in their own classes
+    p.touch("m0", True)  # a read: read-count classes from then on
+    assert p._class["m0"] == 1
+    p.chain(["m0", "m1", "m2", "m3", "m4"])  # a used object keeps its class
+    assert p._class["m0"] == 1 and p._class["m1"] == classes["m"]
+    hot, cold = [f"h{i}" for i in range(64)], 0
+    while p.clock < 3 * PERIOD:  # long chains never used again; short chains read back
+        for k in hot[:4]:
+            p.admit(k)
+        p.chain(hot[:4])
+        for k in hot[:4]:
+            p.touch(k, True)
+        for k in hot[:4]:
+            p.remove(k, evicted=False)
+        longs = [f"c{cold + i}" for i in range(64)]
+        cold += 64
+        for k in longs:
+            p.admit(k)
+        p.chain(longs)
+        for k in longs:
+            p.remove(k, evicted=True)
+    assert p.odds[length_class(4)] > 10 * p.odds[length_class(64)]

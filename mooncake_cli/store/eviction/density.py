@@ -3,7 +3,10 @@ this cache has seen so far (no knowledge of the future; LHD, Beckmann et al., NS
 simple form).
 
 Objects fall in classes by how often they were used again (read, or put again after eviction;
-capped at CLASSES-1). Two things are learnt online, from the accesses alone:
+capped at CLASSES-1); objects not used yet that came as one chain of 4 or more (a prefix put in
+one batch, `chain`) are told apart by the chain's length, in log-4 classes of their own (4-15,
+16-63, 64+ blocks): a chain is judged as one, by what chains of its length did before. Two
+things are learnt online, from the accesses alone:
 - per class, the share of objects that were used again (read, or put again after eviction: the
   keys of evicted objects are remembered, up to GHOSTS x objects held), as odds o(c);
 - over all classes, the distribution of reuse gaps, in log buckets: the survival S(a) (the share
@@ -25,10 +28,22 @@ from collections.abc import Iterator, Sequence
 PER_OCTAVE = 4  # age buckets per doubling
 BUCKETS = 28 * PER_OCTAVE
 CLASSES = 6
+LENGTHS = 3  # classes of unused objects by the length of the chain they came in
+KINDS = CLASSES + LENGTHS
 GHOSTS = 8  # evicted keys remembered, x objects held
 PERIOD = 2048  # accesses between refits
 DECAY = 0.999  # counts kept at each refit
 MID = [2 ** ((b + 0.5) / PER_OCTAVE) for b in range(BUCKETS)]
+
+
+def after_use(c: int) -> int:
+    """The class of an object of class `c` used once more."""
+    return 1 if c >= CLASSES else min(CLASSES - 1, c + 1)
+
+
+def length_class(n: int) -> int:
+    """The class of an unused object that came in a chain of `n` (0: too short to tell)."""
+    return 0 if n < 4 else CLASSES + min(LENGTHS - 1, (n.bit_length() - 3) // 2)
 
 
 def bucket(age: int) -> int:
@@ -40,15 +55,15 @@ class HitDensityPolicy:
     name = "density"
 
     def __init__(self) -> None:
-        self.queues: list[OrderedDict[str, None]] = [OrderedDict() for _ in range(CLASSES)]
+        self.queues: list[OrderedDict[str, None]] = [OrderedDict() for _ in range(KINDS)]
         self._class: dict[str, int] = {}
         self._last: dict[str, int] = {}  # key -> clock at its last use
         self._ghosts: OrderedDict[str, tuple[int, int]] = OrderedDict()  # evicted: class, last
         self.clock = 0
         self._gaps = [0.0] * BUCKETS
-        self._entries = [1.0] * CLASSES  # prior: 0.3 of objects used again
-        self._reused = [0.3] * CLASSES
-        self.odds = [0.4] * CLASSES
+        self._entries = [1.0] * KINDS  # prior: 0.3 of objects used again
+        self._reused = [0.3] * KINDS
+        self.odds = [0.4] * KINDS
         self.survival = [1.0] * BUCKETS
         self.residual = [1.0] * BUCKETS
         self._since = 0
@@ -63,7 +78,7 @@ class HitDensityPolicy:
 
     def refit(self) -> None:
         """The odds per class, S and R from the counts so far; then the counts decay."""
-        for c in range(CLASSES):
+        for c in range(KINDS):
             p = min(0.99, self._reused[c] / self._entries[c])
             self.odds[c] = p / (1 - p)
         total = sum(self._gaps)
@@ -105,7 +120,7 @@ class HitDensityPolicy:
         ghost = self._ghosts.pop(key, None)
         if ghost is not None:  # used again, after its eviction
             self._reuse(*ghost)
-            self._place(key, min(CLASSES - 1, ghost[0] + 1))
+            self._place(key, after_use(ghost[0]))
         else:
             self._place(key, 0)
 
@@ -116,13 +131,21 @@ class HitDensityPolicy:
         if hit:
             self._tick(False)
             self._reuse(c, self._last[key])
-            self._place(key, min(CLASSES - 1, c + 1))
+            self._place(key, after_use(c))
         else:
             self.queues[c].move_to_end(key)
             self._last[key] = self.clock
 
     def chain(self, keys: Sequence[str]) -> None:
-        pass
+        """Unused objects of a chain of 4 or more move to its length's class (their entry
+        counted there, not in class 0)."""
+        c = length_class(len(keys))
+        if not c:
+            return
+        for key in keys:
+            if self._class.get(key) == 0:
+                self._entries[0] = max(0.0, self._entries[0] - 1)
+                self._place(key, c)
 
     def remove(self, key: str, evicted: bool) -> None:
         c = self._class.pop(key, None)
