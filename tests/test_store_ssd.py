@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from mooncake_backends.ssd import DATA
 from mooncake_backends.ssd.manifest import LOG, Manifest
-from test_tier_ssd import free_hugepages
 
 from mooncake_cli.store import StoreError
 from mooncake_cli.store.client import StoreClient
@@ -26,6 +25,7 @@ from mooncake_cli.store.moves import Move, MoveOrders
 from mooncake_cli.store.records import Replica
 from tests.conftest import free_port, wait_for
 from tests.helpers.store_procs import Proc, start_master
+from tests.test_tier_ssd import free_hugepages
 
 pytestmark = pytest.mark.timeout(60)
 KiB, MiB = 1 << 10, 1 << 20
