@@ -31,6 +31,7 @@ class Bookings:
         self._explain = open(explain_path, "a", encoding="utf-8") if explain_path else None
         self._explain_lock = threading.Lock()
         self._queued: dict[str, dict[str, float]] = {}  # prefill instance -> rid -> estimate
+        self._decode_booked: dict[str, int] = {}  # rid -> KV tokens booked on its decode
 
     def decide(self, sreq: Request, param: str = "prompt",
                queue: dict[str, Any] | None = None) -> Decision:
@@ -59,6 +60,8 @@ class Bookings:
                 raise ServingError(ErrorCode.SLO, f"cannot meet the SLO: {decision.reason}",
                                    retry_after=max(1, math.ceil(retry)))
             self.scheduler.commit(decision, sreq, now)
+            if decision.decode is not None:
+                self._decode_booked[sreq.id] = self.scheduler.decode_booking(sreq)
             chosen = decision.placement.chosen
             for name in (chosen.instance, *chosen.stages):
                 self._queued.setdefault(name, {})[sreq.id] = chosen.prefill_s
@@ -80,11 +83,14 @@ class Bookings:
 
     def release_decode(self, name: str | None, sreq: Request) -> None:
         with self.instances.lock:
+            booked = self._decode_booked.pop(sreq.id, None)
             dec = self.scheduler.cluster.by_name.get(name) if name else None
-            if dec is not None:
+            if dec is not None and booked is not None:
                 dec.batch = max(0, dec.batch - 1)
-                dec.context_tokens = max(0, dec.context_tokens -
-                                         self.scheduler.decode_booking(sreq))
+                if self.scheduler.grow_decode:
+                    dec.booked_tokens = max(0, dec.booked_tokens - booked)
+                else:
+                    dec.context_tokens = max(0, dec.context_tokens - booked)
 
     def saw_full(self, name: str) -> None:
         """Decode instance `name` refused a reservation for lack of room: count it full until

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from mooncake_cli.conductor.calibration import TtftCalibration
 from mooncake_cli.conductor.estimate import Placement
 from mooncake_cli.conductor.policies import (
     CacheAwarePolicy,
@@ -97,23 +98,27 @@ class Scheduler:
     mean_output_tokens: float = 256.0  # running estimate, for decode retry-after
     grow_decode: bool = False
     prefill_depth: int = 0  # grow_decode: requests booked per prefill instance at most (0: any)
-    ttft_bias_s: float = 0.0  # grow_decode: measured TTFT after placement minus the estimate
+    calibration: TtftCalibration = field(default_factory=TtftCalibration)
 
     def observe_ttft(self, estimated_s: float, actual_s: float) -> None:
         """A request placed with TTFT estimate `estimated_s` (no queue wait) saw its first token
-        `actual_s` after placement: what the cost model misses (HTTP, event loops, a loaded
-        host) is learned as an additive bias, so SLO admission follows what clients see."""
+        `actual_s` after placement (grow_decode: SLO admission follows what clients see)."""
         if self.grow_decode:
-            self.ttft_bias_s += 0.1 * ((actual_s - estimated_s) - self.ttft_bias_s)
+            self.calibration.observe(estimated_s, actual_s)
 
     def estimated_ttft(self, placement: Placement) -> float:
-        return placement.chosen.ttft_s + (self.ttft_bias_s if self.grow_decode else 0.0)
+        t = placement.chosen.ttft_s
+        return self.calibration.apply(t) if self.grow_decode else t
 
     def decode_booking(self, req: Request) -> int:
-        """KV tokens a request books on its decode instance."""
+        """KV tokens a request books on its decode instance: grow_decode, the prompt's blocks
+        and one more — or, under an SLO, the blocks of its expected length, so that a queue
+        forms before decode KV runs out and preemption stalls admissions unforeseen."""
         if not self.grow_decode:
             return req.input_tokens + req.output_tokens
         bt = max(1, self.cluster.model.block_tokens)
+        if self.slo.ttft_s is not None or self.slo.tbt_s is not None:
+            return -(-round(req.input_tokens + self.expected_output(req)) // bt) * bt
         return (-(-req.input_tokens // bt) + 1) * bt
 
     def expected_output(self, req: Request) -> float:
@@ -132,7 +137,9 @@ class Scheduler:
         best_t = math.inf
         for inst in insts:
             cap = inst.kv_capacity_tokens
-            if cap is not None and inst.context_tokens + need > cap:
+            held = max(inst.context_tokens, inst.booked_tokens) if self.grow_decode else \
+                inst.context_tokens
+            if cap is not None and held + need > cap:
                 continue
             t = self.cluster.model.decode_step_time(inst.batch + 1, inst.context_tokens + grown)
             if t < best_t or (t == best_t and best is not None and inst.name < best.name):
@@ -237,4 +244,7 @@ class Scheduler:
         if decision.decode is not None:
             dec = self.cluster.by_name[decision.decode]
             dec.batch += 1
-            dec.context_tokens += self.decode_booking(req)
+            if self.grow_decode:
+                dec.booked_tokens += self.decode_booking(req)
+            else:
+                dec.context_tokens += self.decode_booking(req)

@@ -36,6 +36,7 @@ class InstanceState:
     queued: int = 0  # requests queued or running
     batch: int = 0  # decode: requests in the running batch
     context_tokens: int = 0  # decode: KV tokens held by the batch
+    booked_tokens: int = 0  # decode, live: KV tokens booked for requests in flight
     kv_capacity_tokens: int | None = None  # decode: KV room; None = not limiting
     alive: bool = True
 

@@ -5,10 +5,11 @@ Retry-After beyond it), a client that leaves gives its place up, and with a TTFT
 whose predicted TTFT (the queue wait plus its prefill) breaks it is refused at once, with the
 predicted wait as Retry-After.
 
-The predicted wait of the k-th in line is (k + 1) / the rate at which waiting requests were
-recently admitted; before there is such a rate, (k + 1) x the scheduler's estimate of the time
-until the next slot frees (the `retry_after_s` of its latest waiting decision: a prefill's time
-when prefill queues are full, the time between decode completions when decode KV is).
+The predicted wait of the k-th in line is (k + 1) x the time per admission: the larger of the
+measured one (1 / the rate at which waiting requests were recently admitted) and the
+scheduler's estimate of the time until the next slot frees (the `retry_after_s` of its latest
+waiting decision: a prefill's time when prefill queues are full, the time between decode
+completions when decode KV is) — erring long, so admitted requests keep the SLO.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mooncake_cli.conductor.scheduler import Decision
 
 T = TypeVar("T")
 POLL_S = 0.05
-RATE_WINDOW = 64  # admissions of waiting requests the rate is measured over
+RATE_WINDOW = 16  # admissions of waiting requests the rate is measured over
 
 
 @dataclass
@@ -88,15 +89,15 @@ class WaitQueue:
     def rate(self) -> float | None:
         """Waiting requests admitted per second lately; None without a recent measure."""
         t = self._admitted
-        if len(t) < 8 or time.monotonic() - t[-1] > 10.0 or t[-1] <= t[0]:
+        now = time.monotonic()
+        if len(t) < 8 or now - t[-1] > 30.0 or now <= t[0]:
             return None
-        return (len(t) - 1) / (t[-1] - t[0])
+        return (len(t) - 1) / (now - t[0])  # to now: a stall lowers the rate as it lasts
 
     def predicted_wait(self, position: int) -> float:
         rate = self.rate()
-        if rate:
-            return (position + 1) / rate
-        return (position + 1) * (self._gap_hint if self._gap_hint is not None else self._gap())
+        gap = self._gap_hint if self._gap_hint is not None else self._gap()
+        return (position + 1) * max(1 / rate if rate else 0.0, gap)
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
