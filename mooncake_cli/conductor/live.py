@@ -82,7 +82,8 @@ class Conductor:
         self.timeout = timeout
         self.bookings = Bookings(scheduler, instances, metrics, explain_path)
         self.queue = WaitQueue(queue_limit, scheduler.slo.ttft_s, scheduler.decode_retry,
-                               metrics.add, lambda d: scheduler.estimated_ttft(d.placement))
+                               metrics.add, lambda d: scheduler.estimated_ttft(d.placement),
+                               scheduler.decode_wait)
         metrics.queue_length = lambda: len(self.queue)
         self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
 
@@ -153,7 +154,8 @@ class Conductor:
         attempt, full = 0, False
         while attempt <= self.retries:
             decision = await self.queue.admit(
-                lambda t: self.bookings.decide(sreq, param, t.explain()), ticket, front=full)
+                lambda t: self.bookings.decide(sreq, param, t.explain()), ticket, front=full,
+                booking=self.scheduler.decode_booking(sreq))
             full = False
             try:  # whatever happens, the booking does not outlive this attempt
                 ans, purl, durl = await self._prefill(decision, rid, ids, req, tried)

@@ -4,6 +4,8 @@ explanation record for every decision; `commit` books the chosen work on the ins
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -99,6 +101,7 @@ class Scheduler:
     grow_decode: bool = False
     prefill_depth: int = 0  # grow_decode: requests booked per prefill instance at most (0: any)
     calibration: TtftCalibration = field(default_factory=TtftCalibration)
+    completions: deque[float] = field(default_factory=lambda: deque(maxlen=32))
 
     def observe_ttft(self, estimated_s: float, actual_s: float) -> None:
         """A request placed with TTFT estimate `estimated_s` (no queue wait) saw its first token
@@ -220,9 +223,32 @@ class Scheduler:
         """A request finished with `tokens` output tokens (grow_decode: the retry estimate)."""
         if self.grow_decode:
             self.mean_output_tokens += (tokens - self.mean_output_tokens) * 0.05
+            self.completions.append(time.monotonic())
+
+    def decode_wait(self, ahead: int, booking: int) -> float:
+        """Seconds until decode KV has room for a request booking `booking` tokens with `ahead`
+        requests before it in line: none while the live instances' free room holds all of
+        them; else the remaining life of a running request (its expected output at the
+        current step time) plus one completion per further request."""
+        insts = self.cluster.live_decode()
+        if not insts or booking <= 0 or any(i.kv_capacity_tokens is None for i in insts):
+            return 0.0
+        fits = sum(max(0, (i.kv_capacity_tokens or 0) - max(i.context_tokens, i.booked_tokens))
+                   // booking for i in insts)
+        excess = ahead + 1 - fits
+        if excess <= 0:
+            return 0.0
+        busy = max(insts, key=lambda i: i.batch)
+        step = self.cluster.model.decode_step_time(max(1, busy.batch), busy.context_tokens)
+        return step * self.mean_output_tokens + (excess - 1) * self.decode_retry()
 
     def decode_retry(self) -> float:
-        """Seconds until some decode request is expected to finish and free room."""
+        """Seconds until some decode request is expected to finish and free room: grow_decode,
+        the measured time between recent completions (up to now) once there are a few; else
+        from the cost model's step time."""
+        done = self.completions
+        if self.grow_decode and len(done) >= 4:
+            return (time.monotonic() - done[0]) / (len(done) - 1)
         insts = [i for i in self.cluster.live_decode() if i.batch]
         if not insts:
             return 1.0

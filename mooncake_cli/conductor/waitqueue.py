@@ -70,8 +70,10 @@ class WaitQueue:
     def __init__(self, limit: int, ttft_slo: float | None,
                  completion_gap: Callable[[], float],
                  count: Callable[[str], None] = lambda _: None,
-                 estimate: Callable[[Decision], float] = lambda d: d.placement.chosen.ttft_s
+                 estimate: Callable[[Decision], float] = lambda d: d.placement.chosen.ttft_s,
+                 decode_wait: Callable[[int, int], float] = lambda ahead, booking: 0.0
                  ) -> None:
+        self._decode_wait = decode_wait  # (requests ahead, KV tokens booked) -> seconds
         self.limit = limit
         self._count = count  # a refusal: "rejected_total" (SLO) or "queue_full_total"
         self.ttft_slo = ttft_slo
@@ -114,7 +116,7 @@ class WaitQueue:
             self._line[0].wake.set()
 
     async def admit(self, decide: Callable[[Ticket], Decision], ticket: Ticket,
-                    front: bool = False) -> Decision:
+                    front: bool = False, booking: int = 0) -> Decision:
         """A booked decision for `ticket`'s request, once its turn comes and room exists;
         `front` puts it back at the head (its placement failed for lack of room after all)."""
         if not self._line:
@@ -125,7 +127,7 @@ class WaitQueue:
                     ticket.predicted_ttft_s = self._last_prefill_s
                 ticket.placed_ttft_s = self._last_prefill_s
                 return decision
-        self._check_room(ticket, front)
+        self._check_room(ticket, front, booking)
         me = _Waiter(ticket)
         if front:
             self._line.appendleft(me)
@@ -156,10 +158,10 @@ class WaitQueue:
         if decision.waiting and decision.retry_after_s is not None:
             self._gap_hint = decision.retry_after_s
 
-    def _check_room(self, ticket: Ticket, front: bool) -> None:
+    def _check_room(self, ticket: Ticket, front: bool, booking: int) -> None:
         """503 when the queue is full; 429 when the predicted TTFT breaks the SLO."""
         position = 0 if front else len(self._line)
-        wait = self.predicted_wait(position)
+        wait = max(self.predicted_wait(position), self._decode_wait(position, booking))
         if ticket.requeued == 0:
             ticket.position, ticket.predicted_wait_s = position, wait
             ticket.predicted_ttft_s = wait + self._last_prefill_s
