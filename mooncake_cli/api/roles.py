@@ -89,6 +89,7 @@ class ReserveAnswer(Answer):
     block_ids: list[Count]
     block_bytes: Annotated[int, Field(ge=1)]
     base: Count = 0
+    capability: Annotated[str, Field(max_length=128)] = ""  # hex write capability ("": none)
 
 
 class ReleaseRequest(Message):

@@ -27,10 +27,7 @@ UNUSED_TTL = 30.0  # seconds a reservation may wait for its first KV write
 MAX_UNUSED_SHARE = 0.5  # of the pool's blocks, in unused reservations of one requester
 
 
-class GrantedReserve(roles.ReserveAnswer):
-    """A reservation with the write capability for its blocks (hex; "" from older workers)."""
-
-    capability: str = ""
+GrantedReserve = roles.ReserveAnswer  # a reservation with its write capability (hex)
 
 
 class KVGrants:
@@ -71,7 +68,7 @@ class KVGrants:
         token = engine.grants.issue(
             request_id, [(answer.base + b * bb, bb) for b in answer.block_ids],
             RESERVATION_TTL - 1.0, holder)
-        return GrantedReserve(**answer.model_dump(), capability=token.hex())
+        return answer.model_copy(update={"capability": token.hex()})
 
     def revoke(self, request_id: str | None) -> None:
         engine = self._w.engine
