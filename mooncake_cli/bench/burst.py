@@ -12,7 +12,9 @@ of a roomy one, with the decode workers' parked, reloaded and recomputed counts.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -43,6 +45,7 @@ class BurstConfig:
     api_key: str = ""
     timeout: float = 900.0
     warmup: int = 8  # sequential short requests first, so the cost model has seen the workers
+    clients: int = 4  # load-generating processes
 
 
 @dataclass
@@ -125,10 +128,11 @@ def _decode_counters(client: httpx.Client, url: str) -> dict[str, int]:
     return total
 
 
-async def _burst(cfg: BurstConfig, url: str, model: str,
-                 progress: Callable[[int, int], None]) -> tuple[list[Outcome], float]:
+async def _burst(cfg: BurstConfig, url: str, model: str, progress: Callable[[int, int], None],
+                 ids: range | None = None) -> tuple[list[Outcome], float]:
+    ids = ids if ids is not None else range(cfg.requests)
     headers = _auth(cfg)
-    limits = httpx.Limits(max_connections=cfg.requests, max_keepalive_connections=0)
+    limits = httpx.Limits(max_connections=len(ids), max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits, headers=headers,
                                  timeout=httpx.Timeout(cfg.timeout, connect=60.0)) as client:
         done = 0
@@ -141,8 +145,37 @@ async def _burst(cfg: BurstConfig, url: str, model: str,
             return o
 
         t0 = time.perf_counter()
-        outcomes = await asyncio.gather(*(run(i) for i in range(cfg.requests)))
+        outcomes = await asyncio.gather(*(run(i) for i in ids))
         return list(outcomes), time.perf_counter() - t0
+
+
+def _client(cfg: BurstConfig, url: str, model: str, ids: range,
+            start: Any) -> tuple[list[Outcome], float]:
+    """One load-generating process: its share of the requests, sent when `start` is set."""
+    start.wait()
+    return asyncio.run(_burst(cfg, url, model, lambda d, t: None, ids))
+
+
+def _spread(cfg: BurstConfig, url: str, model: str,
+            progress: Callable[[int, int], None]) -> tuple[list[Outcome], float]:
+    """The burst from `cfg.clients` processes at once (one event loop cannot send a thousand
+    streams without delaying its own measurements)."""
+    if cfg.clients <= 1:
+        return asyncio.run(_burst(cfg, url, model, progress))
+    ctx = multiprocessing.get_context("spawn")
+    shares = [range(i, cfg.requests, cfg.clients) for i in range(cfg.clients)]
+    with ctx.Manager() as mgr, concurrent.futures.ProcessPoolExecutor(
+            cfg.clients, mp_context=ctx) as pool:
+        start = mgr.Event()
+        futs = [pool.submit(_client, cfg, url, model, ids, start) for ids in shares]
+        time.sleep(1.0)  # the processes are up
+        t0 = time.perf_counter()
+        start.set()
+        outcomes: list[Outcome] = []
+        for fut in concurrent.futures.as_completed(futs):
+            outcomes.extend(fut.result()[0])
+            progress(len(outcomes), cfg.requests)
+        return outcomes, time.perf_counter() - t0
 
 
 def summarise(outcomes: list[Outcome], seconds: float, slo: float) -> dict[str, Any]:
@@ -214,7 +247,7 @@ def run(cfg: BurstConfig, progress: Callable[[str, int, int], None]) -> dict[str
             def step(done: int, total: int, lb: str = label) -> None:
                 progress(lb, done, total)
 
-            outcomes, seconds = asyncio.run(_burst(cfg, url, model, step))
+            outcomes, seconds = _spread(cfg, url, model, step)
             with httpx.Client(timeout=30, headers=_auth(cfg)) as c:
                 after = _decode_counters(c, url)
         finally:

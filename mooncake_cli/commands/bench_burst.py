@@ -81,6 +81,8 @@ def burst(
                                 help="Bearer key of a conductor started with --api-key."),
     timeout: float = typer.Option(900.0, "--timeout", min=1.0,
                                   help="Seconds one request may take."),
+    clients: int = typer.Option(4, "--clients", min=1,
+                                help="Load-generating processes the requests are spread over."),
     warmup: int = typer.Option(8, "--warmup", min=0,
                                help="Short requests sent one by one before the burst, so the "
                                     "conductor's cost model has seen the workers."),
@@ -96,7 +98,7 @@ def burst(
     except ValueError:
         raise ConfigError(f"--kv-blocks {kv_blocks!r}: use N or N,N,... (blocks >= 1)") from None
     cfg = BurstConfig(url or "", local, model, requests, max_tokens, ttft_slo, sizes, threads,
-                      api_key or "", timeout, warmup)
+                      api_key or "", timeout, warmup, clients)
     if out.json:
         rep = run(cfg, lambda *_: None)
     else:
