@@ -124,7 +124,7 @@ class Rogue(MemoryTransport):
 
 def test_fields_outside_a_transports_namespace_are_dropped(make_engine) -> None:
     reg = Registry([md.EntryPoint("tcp", "mooncake_backends.tcp:TcpTransport", T),
-                    md.EntryPoint("memory", "test_transport_memory:Rogue", T)])
+                    md.EntryPoint("memory", "tests.test_transport_memory:Rogue", T)])
     eng = make_engine(registry=reg)
     extra = eng.descriptor().extra
     assert "memory" in extra and "shm" not in extra
@@ -146,7 +146,7 @@ class Refusing(MemoryTransport):
 def test_a_transport_that_cannot_register_leaves_the_region_to_the_others(
         make_engine, caplog) -> None:
     reg = Registry([md.EntryPoint("tcp", "mooncake_backends.tcp:TcpTransport", T),
-                    md.EntryPoint("memory", "test_transport_memory:Refusing", T),
+                    md.EntryPoint("memory", "tests.test_transport_memory:Refusing", T),
                     md.EntryPoint("dram", "mooncake_backends.dram:DramTier", TIERS)])
     tgt = make_engine(registry=reg)
     with caplog.at_level("WARNING", logger="mooncake.transfer"):
