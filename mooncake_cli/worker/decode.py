@@ -23,9 +23,9 @@ from starlette.routing import Route
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError, bad
 from mooncake_cli.engine import ModelError, Sequence
-from mooncake_cli.engine.errors import CacheFull
 from mooncake_cli.worker.decode_request import DecodeRequest, Reservation
 from mooncake_cli.worker.http import decode_routes
+from mooncake_cli.worker.kvmemory import KVMemory
 from mooncake_cli.worker.parking import Parking
 from mooncake_cli.worker.prefix import PrefixStore
 from mooncake_cli.worker.runtime import WorkerRuntime
@@ -43,8 +43,6 @@ class DecodeWorker(WorkerRuntime):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         prefix = PrefixStore(self.store, self.cache) if self.store is not None else None
-        self.parking = Parking(prefix, self.runner, self.ns)
-        self.watermark = max(1, self.cache.num_blocks // 100)  # blocks kept free for growth
         self._cv = threading.Condition()
         self._order = itertools.count()
         self._active: set[str] = set()  # reserved, running or preempted request ids
@@ -53,6 +51,9 @@ class DecodeWorker(WorkerRuntime):
         self._running: list[DecodeRequest] = []  # in admission order
         self._preempted: deque[DecodeRequest] = deque()
         self._stop = threading.Event()
+        self.memory = KVMemory(self.cache, Parking(prefix, self.runner, self.ns), self.metrics,
+                               self._cv, self._running, self._preempted, self._end,
+                               self._stop.is_set)
         self._thread = threading.Thread(target=self._loop, name="mooncake-decode", daemon=True)
         self._thread.start()
 
@@ -93,7 +94,7 @@ class DecodeWorker(WorkerRuntime):
                 raise ServingError(ErrorCode.CONFLICT,
                                    f"request {rid!r} already holds KV blocks here")
             free = self.cache.allocator.free
-            keep = self.watermark + len(self._running)  # the next block of each running one
+            keep = self.memory.watermark + len(self._running)  # the next block of each running one
             if self._preempted or free - need < keep:
                 self.metrics.add("requests_failed")
                 why = f"{len(self._preempted)} preempted requests resume first" \
@@ -195,55 +196,6 @@ class DecodeWorker(WorkerRuntime):
                 queue.remove(req)
         self.metrics.add("requests_failed" if error or req.cancelled else "requests")
 
-    # -- KV memory: growth, preemption, resumption (the loop thread) --------------------------
-    def _preempt(self, req: DecodeRequest) -> None:
-        """Take `req` out of the batch, park its KV in the store and free its blocks."""
-        with self._cv:
-            self._running.remove(req)
-        parked = self.parking.park(req.seq)
-        with self._cv:
-            self.cache.release(req.seq.block_table)
-            req.seq.num_computed = 0
-            req.preemptions += 1
-            self._preempted.append(req)
-        self.metrics.add("preemptions")
-        self.metrics.add("parked_blocks", parked)
-        log.info("preempted %s (%d tokens, %d blocks parked)", req.request_id, len(req.seq),
-                 parked)
-
-    def _make_room(self) -> None:
-        """Give every running sequence the block its next token needs, preempting the most
-        recently admitted ones while none is free."""
-        i = 0
-        while i < len(self._running):
-            seq = self._running[i].seq
-            try:
-                self.cache.ensure(seq.block_table, seq.num_computed + 1)
-                i += 1
-            except CacheFull:
-                self._preempt(self._running[-1])
-
-    def _resume(self) -> None:
-        """Resume preempted sequences, oldest first, each one whose room is free (a long one
-        that does not fit yet does not hold back shorter ones: no new reservation is taken
-        while any waits, so it gets its room as the others finish)."""
-        for req in sorted(self._preempted, key=lambda r: r.order):
-            if self._stop.is_set():
-                return
-            if req.cancelled:
-                with self._cv:
-                    self._end(req)
-                continue
-            if self.cache.allocator.free < self.cache.blocks_for(len(req.seq)) + self.watermark:
-                continue
-            got = self.parking.resume(req.seq)
-            self.metrics.add("reloaded_blocks", got.reloaded_blocks)
-            self.metrics.add("recomputed_tokens", got.recomputed_tokens)
-            with self._cv:
-                self._preempted.remove(req)
-                self._running.append(req)
-                self._running.sort(key=lambda r: r.order)
-
     # -- the batch loop ----------------------------------------------------------------------
     def _expire(self) -> None:
         now = time.monotonic()
@@ -266,8 +218,8 @@ class DecodeWorker(WorkerRuntime):
                     self._cv.wait(0.2)
                     continue
             try:
-                self._resume()
-                self._make_room()
+                self.memory.resume()
+                self.memory.make_room()
                 batch = list(self._running)
                 if not batch:
                     time.sleep(0.01)  # nothing fits yet: reservations hold the blocks
