@@ -16,7 +16,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mooncake_cli.api import openai as oa
@@ -26,35 +26,16 @@ from mooncake_cli.api.schema import validate
 from mooncake_cli.auth import Signer
 from mooncake_cli.conductor import answers
 from mooncake_cli.conductor.bookings import Bookings
-from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
+from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
 from mooncake_cli.jsonhttp import AsyncPeer, PeerError
-from mooncake_cli.kvkeys import KVNamespace, block_keys
+from mooncake_cli.kvkeys import block_keys
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """What the conductor needs of the model: its name, tokenizer, KV namespace, context and
-    vocabulary size (token ids of a prompt must be below it)."""
-
-    name: str
-    tokenizer: Any  # encode(str, add_special_tokens) -> list[int], decode(list[int]) -> str
-    ns: KVNamespace
-    max_context: int
-    chat: ChatTemplate = field(default_factory=lambda: ChatTemplate(None))
-    vocab_size: int | None = None
-
-    def chat_tokens(self, messages: tuple[dict[str, str], ...]) -> list[int]:
-        """The prompt of a chat request: the model's template when it has one (its special
-        tokens written by the template), else the plain rendering."""
-        text = self.chat.render(messages)
-        return list(self.tokenizer.encode(text, add_special_tokens=not self.chat.native))
 
 
 @dataclass

@@ -19,10 +19,11 @@ from mooncake_cli.conductor.etcd_registry import EtcdPoller
 from mooncake_cli.conductor.http_front import AUDITED, OPENAI, routes
 from mooncake_cli.conductor.identities import Identities
 from mooncake_cli.conductor.instances import Instances, Poller
-from mooncake_cli.conductor.live import Conductor, ServedModel
+from mooncake_cli.conductor.live import Conductor
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.scheduler import Scheduler, Slo, make_policy
+from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Cluster
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.kvkeys import KVNamespace
