@@ -51,19 +51,10 @@ def read_into(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Re
         tried = {i for i, _, _ in landed}  # a failed one tries its replicas alone, below
         remote = [(i, r) for i, r in remote if i not in tried]
     if remote:
-        with io._stage.hold(sum(r.size for _, r in remote)) as stage:
-            if stage is not None and stage.view is not None:
-                offs, pos = [], 0
-                for _, r in remote:
-                    offs.append(pos)
-                    pos += r.size
-                reqs = [TransferRequest(Op.READ, stage, o, r.segment, r.offset, r.size)
-                        for o, (_, r) in zip(offs, remote, strict=True)]
-                for o, (i, r), why in zip(offs, remote, io._run(reqs), strict=True):
-                    view = stage.view[o:o + r.size]
-                    if why is None and io._check(keys[i], r, view, []):
-                        dests[i][:r.size] = view
-                        out[i] = r.size
+        with io.staged(keys, remote) as got:
+            for i, r, view in got:
+                dests[i][:r.size] = view
+                out[i] = r.size
     for i, value in enumerate(out):
         if value is None:  # the first pick failed (or was too big to stage): one by one
             try:

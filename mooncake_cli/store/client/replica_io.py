@@ -12,8 +12,10 @@ back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 import xxhash
@@ -149,6 +151,26 @@ class ReplicaIO:
     def order(self, replicas: Sequence[Replica]) -> list[Replica]:
         return sorted(replicas, key=lambda r: (r.segment != self.engine.name, r.host != self.host))
 
+    @contextmanager
+    def staged(self, keys: Sequence[str], remote: list[tuple[int, Replica]]
+               ) -> Iterator[list[tuple[int, Replica, Any]]]:
+        """Read each (index, replica) of `remote` into one staging hold, in one engine batch:
+        the (index, replica, view) of those read and verified, the views valid inside the
+        `with` ([] when the batch is too big to stage: the caller reads one by one)."""
+        with self._stage.hold(sum(r.size for _, r in remote)) as stage:
+            if stage is None or stage.view is None:
+                yield []
+                return
+            offs = list(accumulate((r.size for _, r in remote), initial=0))[:-1]
+            reqs = [TransferRequest(Op.READ, stage, o, r.segment, r.offset, r.size)
+                    for o, (_, r) in zip(offs, remote, strict=True)]
+            got = []
+            for o, (i, r), why in zip(offs, remote, self._run(reqs), strict=True):
+                view = stage.view[o:o + r.size]
+                if why is None and self._check(keys[i], r, view, []):
+                    got.append((i, r, view))
+            yield got
+
     def _check(self, key: str, r: Replica, data: Any, errors: list[StoreError]) -> bool:
         if r.checksum is None or checksum(data) == r.checksum:
             return True
@@ -251,18 +273,9 @@ class ReplicaIO:
             if self.local_view(first) is None:
                 remote.append((i, first))
         if remote:
-            with self._stage.hold(sum(r.size for _, r in remote)) as stage:
-                if stage is not None and stage.view is not None:
-                    offs, pos = [], 0
-                    for _, r in remote:
-                        offs.append(pos)
-                        pos += r.size
-                    reqs = [TransferRequest(Op.READ, stage, o, r.segment, r.offset, r.size)
-                            for o, (_, r) in zip(offs, remote, strict=True)]
-                    for o, (i, r), why in zip(offs, remote, self._run(reqs), strict=True):
-                        view = stage.view[o:o + r.size]
-                        if why is None and self._check(keys[i], r, view, []):
-                            out[i] = bytes(view)
+            with self.staged(keys, remote) as got:
+                for i, _, view in got:
+                    out[i] = bytes(view)
         for i, rs in enumerate(replicas):
             if out[i] is None:
                 try:
