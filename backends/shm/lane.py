@@ -20,7 +20,6 @@ import mmap
 import os
 import socket
 import struct
-import threading
 import uuid
 
 from mooncake_cli.interfaces import TransferError
@@ -84,12 +83,7 @@ class FdLane:
                           name="mooncake-shm-lane")
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
-        entry = self._served.add(conn, peer)
-        if entry is None:
-            conn.close()
-            return
-        threading.Thread(target=self._serve, args=(entry,), name="mooncake-shm-lane-conn",
-                         daemon=True).start()
+        self._served.serve(conn, peer, self._serve, "mooncake-shm-lane-conn")
 
     def _serve(self, entry: Entry) -> None:
         conn = entry.conn

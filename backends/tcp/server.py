@@ -71,14 +71,11 @@ class TargetServer:
                 log.exception("audit log")
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
-        entry = self.served.add(conn, peer)
-        if entry is None or self._closed.is_set():
+        if self._closed.is_set():
+            conn.close()
+        elif not self.served.serve(conn, peer, self._serve, "mooncake-conn"):
             log.warning("refused a connection from %s: %d connections open, all busy",
                         peer, len(self.served))
-            conn.close()
-            return
-        threading.Thread(target=self._serve, args=(entry,), name="mooncake-conn",
-                         daemon=True).start()
 
     def _serve(self, entry: Entry) -> None:
         conn = entry.conn

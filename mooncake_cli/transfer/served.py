@@ -13,6 +13,7 @@ import collections
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 
 class Entry:
@@ -53,6 +54,17 @@ class Served:
             e = self._entries[id(conn)] = Entry(conn, peer)
             self._per[peer] += 1
             return e
+
+    def serve(self, conn: socket.socket, peer: str, target: Callable[[Entry], None],
+              name: str) -> bool:
+        """Take `conn` in and serve it on a thread of its own (`target(entry)`); False, and
+        `conn` closed, when every candidate for its room is busy."""
+        entry = self.add(conn, peer)
+        if entry is None:
+            conn.close()
+            return False
+        threading.Thread(target=target, args=(entry,), name=name, daemon=True).start()
+        return True
 
     def _evict(self, peer: str | None) -> bool:
         idle = [e for e in self._entries.values()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from collections.abc import Callable
 
 from mooncake_cli.store.wire import protocol
@@ -43,13 +42,8 @@ class LaneServer:
                          max_pending=64, per_peer_pending=64, name="mooncake-store-lane")
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
-        entry = self.served.add(conn, peer)
-        if entry is None:
+        if not self.served.serve(conn, peer, self._serve, "mooncake-store-lane-conn"):
             log.warning("refused a store lane connection: %d open, all busy", len(self.served))
-            conn.close()
-            return
-        threading.Thread(target=self._serve, args=(entry,), name="mooncake-store-lane-conn",
-                         daemon=True).start()
 
     def _serve(self, entry: Entry) -> None:
         conn = entry.conn
