@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import zmq
 
 from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.store.client import liveness
 from mooncake_cli.store.client.batch_reads import read_into
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
@@ -40,8 +40,6 @@ from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
 log = logging.getLogger("mooncake.store")
-LONG_POLL = 0.4  # seconds the master may hold a heartbeat (under the rpc's 0.5 s etcd checks)
-RETRY_AFTER = 0.1  # seconds before the next heartbeat after one failed
 
 
 class StoreClient:
@@ -103,33 +101,12 @@ class StoreClient:
         self.keeper = HoldingsKeeper(self._beat_lane, self.client_id, self.segment,
                                      self.holdings, self.io.local_view,
                                      lambda: self.ssd and self.ssd.mount())
-        self._thread = threading.Thread(target=self._heartbeat, args=(heartbeat,),
-                                        name="mooncake-store-heartbeat", daemon=True)
+        self._thread = threading.Thread(
+            target=liveness.heartbeat, name="mooncake-store-heartbeat", daemon=True,
+            args=(self._stop, self.keeper, self.segment is not None, heartbeat))
         self._thread.start()
 
     # -- liveness --------------------------------------------------------------------------------
-    def _heartbeat(self, interval: float) -> None:
-        """Long polls, one after the other (the master holds each until news, up to LONG_POLL
-        s), so the owner confirms a change at once; `interval` s apart with a master that
-        answers at once."""
-        wait, pause, failed = min(interval, LONG_POLL), interval, False
-        while not self._stop.wait(pause):
-            sent = time.monotonic()
-            try:
-                news = self.keeper.beat(wait if self.segment is not None else 0.0)
-            except StoreError as e:  # e.g. the lane to a leader just killed: look again soon
-                log.warning("store heartbeat: %s", e)
-                pause = interval if failed else min(interval, RETRY_AFTER)
-                failed = True
-                continue
-            except Exception:  # the heartbeat must outlive any one bad round
-                log.exception("store heartbeat")
-                news = False
-            failed = False
-            took = time.monotonic() - sent
-            held = wait > 0 and took >= wait / 2  # the master holds polls: poll again at once
-            pause = 0.0 if news or held else max(0.0, interval - took)
-
     def _new_leader(self, address: str) -> None:
         """An HA failover: make the new leader know us before our request is sent again."""
         if not hasattr(self, "_thread"):  # still mounting: the mount goes to the new leader
