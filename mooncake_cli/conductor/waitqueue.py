@@ -83,7 +83,6 @@ class WaitQueue:
         self._last_prefill_s = 0.0
         self._gap_hint: float | None = None
         self._estimate = estimate  # a decision's TTFT from placement on
-        self.waited_total = 0
 
     def __len__(self) -> int:
         return len(self._line)
@@ -133,7 +132,6 @@ class WaitQueue:
             self._line.appendleft(me)
         else:
             self._line.append(me)
-        self.waited_total += 1
         try:
             while True:
                 if self._line[0] is me:
