@@ -91,7 +91,8 @@ class Segment:
     """Memory a client contributes: bytes [base, base+size) of its transfer-engine segment `name`.
 
     One client may mount several ranges of one transfer segment; each mount is identified by
-    (name, base) and ranges of one name never overlap.
+    (name, base) and ranges of one name never overlap. `ledger`, `ledger_slots`: where in
+    the transfer segment its put ledger lives (store/ledger.py; 0 slots: none, not HA).
     """
 
     name: str
@@ -100,6 +101,8 @@ class Segment:
     base: int
     size: int
     tier: Tier = "dram"
+    ledger: int = 0
+    ledger_slots: int = 0
 
     def __post_init__(self) -> None:
         _check_name(self.name, "segment name")
@@ -115,6 +118,10 @@ class Segment:
             raise InvalidParams(f"segment [{self.base}, {self.base + self.size}) ends past the "
                                 "64-bit offset space")
         check_tier(self.tier)
+        _check_int(self.ledger, "ledger offset", 0)
+        _check_int(self.ledger_slots, "ledger slots", 0)
+        if self.ledger >= MAX_OFFSET or self.ledger_slots > 1 << 16:
+            raise InvalidParams("ledger: an offset and at most 65536 slots")
 
     def holds(self, offset: int, size: int) -> bool:
         """Whether [offset, offset+size) of the transfer segment lies inside this mount."""
@@ -127,6 +134,8 @@ class Replica:
 
     `offset` is absolute in the transfer segment (the mount's base included), ready for a
     transfer request. `checksum` is whatever the client computed (None until put_end gives one).
+    `note_at`, `note_seq` (put_start answers of an HA leader only): where the writer leaves its
+    ledger record of this replica, and the record's sequence number (0: no record).
     """
 
     segment: str
@@ -136,11 +145,15 @@ class Replica:
     host: str = ""
     checksum: str | None = None
     status: ReplicaStatus = ReplicaStatus.PENDING
+    note_at: int = field(default=0, compare=False)
+    note_seq: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         _check_name(self.segment, "replica segment")
         _check_int(self.offset, "replica offset", 0)
         check_size(self.size, "replica size")
+        _check_int(self.note_at, "ledger record offset", 0)
+        _check_int(self.note_seq, "ledger record seq", 0)
         check_tier(self.tier)
         if self.checksum is not None and not isinstance(self.checksum, str):
             raise InvalidParams(f"checksum must be a string, got {self.checksum!r}")

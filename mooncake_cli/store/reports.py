@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mooncake_cli.store.master.placement import SegmentTable
 from mooncake_cli.store.records import (
@@ -34,6 +34,7 @@ from mooncake_cli.store.records import (
     ReplicaStatus,
     ReplicateConfig,
     check_key,
+    evolve,
 )
 
 MAX_REPORT = 2048  # changes in one reply; the rest come with the next poll
@@ -62,7 +63,8 @@ class Gone:
 @dataclass(frozen=True)
 class HoldingsReport:
     """The answer to a poll. `known` False: the master does not know the client (mount again).
-    `upto`: the sequence number to acknowledge; `reset`: forget what you knew, `added` is all."""
+    `upto`: the sequence number to acknowledge; `reset`: forget what you knew, `added` is all.
+    `ledger`: the last put-ledger record (store/ledger.py) these changes supersede."""
 
     known: bool = True
     epoch: str = ""
@@ -70,6 +72,7 @@ class HoldingsReport:
     reset: bool = False
     added: tuple[Held, ...] = ()
     removed: tuple[Gone, ...] = ()
+    ledger: int = 0
 
 
 def _dram(meta: ObjectMeta | None) -> dict[tuple[str, int], Replica]:
@@ -88,6 +91,13 @@ class Journal:
         self.seq = 1  # 1: the reset itself; a client that acknowledged it has the snapshot
         self.acked = 0  # the last sequence number the client acknowledged of this journal
         self._entries: OrderedDict[tuple[str, int], tuple[int, Held | Gone]] = OrderedDict()
+        self.ledger = 0  # the put-ledger seq every acknowledged change supersedes
+        self.wanted = 0  # the last seq a held answer waits for the client to acknowledge
+        self._notes: deque[tuple[int, int]] = deque()  # (seq, ledger seq) not yet acknowledged
+
+    def noted(self, ledger_seq: int) -> None:
+        """The change just noted told of the put whose ledger record is `ledger_seq`."""
+        self._notes.append((self.seq, ledger_seq))
 
     def note(self, change: Held | Gone) -> None:
         slot = (change.key, change.replica.offset if isinstance(change, Held) else change.offset)
@@ -104,6 +114,9 @@ class Journal:
             if seq > ack:
                 break
             del self._entries[slot]
+        notes = self._notes
+        while notes and notes[0][0] <= ack:
+            self.ledger = max(self.ledger, notes.popleft()[1])
         added: list[Held] = []
         removed: list[Gone] = []
         upto = self.seq
@@ -115,7 +128,13 @@ class Journal:
                 added.append(change)
             else:
                 removed.append(change)
-        return HoldingsReport(True, self.epoch, upto, ack < 1, tuple(added), tuple(removed))
+        ledger = self.ledger
+        for seq, lseq in notes:
+            if seq > upto:
+                break
+            ledger = max(ledger, lseq)
+        return HoldingsReport(True, self.epoch, upto, ack < 1, tuple(added), tuple(removed),
+                              ledger)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -128,6 +147,7 @@ class ReportBook:
         self._segments = segments
         self._journals: dict[str, Journal] = {}
         self._marks = threading.local()  # .found: {journal id: (journal, seq)} while collecting
+        self.wants = 0
         # puts under way whose owners were told at put_start (announce): key -> {slot: replica}
         self._told: dict[str, dict[tuple[str, int], Replica]] = {}
 
@@ -178,7 +198,7 @@ class ReportBook:
         for r in replicas:
             if r.tier != "dram" or (j := self._owner(r)) is None:
                 continue
-            held = replace(r, checksum=checksum, status=ReplicaStatus.COMPLETE)
+            held = evolve(r, checksum=checksum, status=ReplicaStatus.COMPLETE)
             j.note(Held(key, held, config))
             self._mark(j)
             told[(r.segment, r.offset)] = held
@@ -208,9 +228,18 @@ class ReportBook:
         return journal.acked >= seq or all(j is not journal for j in self._journals.values())
 
     def news(self, client_id: str, upto: int) -> bool:
-        """Whether `client_id`'s journal has changes after `upto`, or is gone or replaced."""
+        """Whether `client_id`'s journal has changes after `upto` that a held answer waits for
+        (`want`), or is gone or replaced."""
         journal = self._journals.get(client_id)
-        return journal is None or journal.seq > upto
+        return journal is None or journal.wanted > upto
+
+    def want(self, marks: Iterable[tuple[Journal, int]]) -> None:
+        """Answers wait for these marks: their owners' held polls are answered now (`wants`
+        counts the calls that asked for more than was asked before)."""
+        for journal, seq in marks:
+            if seq > journal.wanted:
+                journal.wanted = seq
+                self.wants += 1
 
     def open(self, client_id: str, objects: Iterable[ObjectMeta]) -> Journal:
         """The journal of `client_id`, started (with a snapshot of every complete DRAM replica
@@ -224,6 +253,13 @@ class ReportBook:
                     if seg is not None and seg.client_id == client_id:
                         journal.note(Held(meta.key, r, meta.config))
         return journal
+
+    def owner(self, r: Replica) -> Journal | None:
+        """The journal of the client whose segment holds `r` (None: it does not poll)."""
+        return self._owner(r)
+
+    def journal(self, client_id: str) -> Journal | None:
+        return self._journals.get(client_id)
 
     def _owner(self, r: Replica) -> Journal | None:
         seg = self._segments.locate(r)

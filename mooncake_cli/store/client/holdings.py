@@ -27,10 +27,12 @@ class Holdings:
         self._held: dict[str, Held] = {}
         self.epoch = ""  # the master's journal these holdings follow, and the last change applied
         self.ack = 0
+        self.ledger = 0  # the put-ledger records at or below this seq are in the holdings
 
     def add(self, key: str, replica: Replica, checksum: str | None,
             config: ReplicateConfig | None = None) -> None:
-        r = evolve(replica, checksum=checksum, status=ReplicaStatus.COMPLETE)
+        r = evolve(replica, checksum=checksum, status=ReplicaStatus.COMPLETE, note_at=0,
+                   note_seq=0)
         held = Held(key, r, config or DEFAULT_CONFIG)
         with self._lock:
             self._held[key] = held
@@ -47,6 +49,8 @@ class Holdings:
         with self._lock:
             if report.reset:
                 self._held = {}
+                self.ledger = report.ledger
+            self.ledger = max(self.ledger, report.ledger)
             for g in report.removed:
                 h = self._held.get(g.key)
                 if h is not None and h.replica.offset == g.offset:

@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from mooncake_cli.store import ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.records import Replica, Segment
@@ -35,11 +36,12 @@ class HoldingsKeeper:
 
     def __init__(self, conn: LaneSlot, client_id: str, segment: Segment | None,
                  holdings: Holdings, view: Callable[[Replica], memoryview | None],
-                 after_mount: Callable[[], object]) -> None:
+                 after_mount: Callable[[], object], ledger: memoryview | None = None) -> None:
         self.conn = conn
         self.client_id = client_id
         self.segment = segment
         self.holdings = holdings
+        self.ledger = ledger  # the bytes of the segment's put ledger (HA), see store/ledger.py
         self._view = view
         self._after_mount = after_mount
         self._lock = threading.Lock()  # the heartbeat thread and a leader switch never overlap
@@ -64,13 +66,23 @@ class HoldingsKeeper:
 
     def _remount(self, segment: Segment) -> None:
         log.info("master does not know client %s: re-mounting", self.client_id)
-        held = self.holdings.verified(self._view)
+        hold = self.holdings
+        ledger_next = 1
+        if self.ledger is not None:  # puts acknowledged before we were told of them
+            records = ledger.scan(self.ledger)
+            for rec in records:
+                if rec.seq > hold.ledger:
+                    hold.add(rec.key, rec.replica(segment.name, segment.host), rec.checksum,
+                             rec.config)
+            # past every seq an earlier leader may have handed out, records in flight included
+            ledger_next = max([hold.ledger, *(r.seq for r in records)]) + 1 + ledger.SLOTS
+        held = hold.verified(self._view)
         refused = 0
         # the mount goes with the first p.MAX_BATCH: no put is placed over them in between
         starts = [0, *range(p.MAX_BATCH, len(held), REGISTER_CHUNK)]
         for i in starts:
             chunk = held[i:i + (REGISTER_CHUNK if i else p.MAX_BATCH)]
-            ask = p.RegisterHeld(chunk) if i else p.Remount(segment, chunk)
+            ask = p.RegisterHeld(chunk) if i else p.Remount(segment, chunk, ledger_next)
             for h, item in zip(chunk, self.conn.call(ask, list[p.Reply]), strict=True):
                 try:
                     p.result(item, None)
@@ -78,6 +90,8 @@ class HoldingsKeeper:
                     refused += 1
                     log.info("cannot re-register %r: %s", h.key, e)
                     self.holdings.discard(h.key, h.replica.offset)
+            if not i:
+                self.holdings.ledger = max(self.holdings.ledger, ledger_next - 1)
         log.info("client %s re-registered %d replica(s), %d refused", self.client_id,
                  len(held) - refused, refused)
         self._after_mount()

@@ -36,6 +36,8 @@ from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
+Note = tuple[str, int, bytes]  # a ledger record to write: segment, offset, slot bytes
+
 
 def checksum(view: Any) -> str:
     return xxhash.xxh3_64_hexdigest(view)
@@ -73,6 +75,7 @@ class ReplicaIO:
         self.host = host
         self.timeout = timeout
         self._stage = Staging(engine)
+        self.ledger: Region | None = None  # this client's put ledger (HA), see store/ledger.py
         self._landing = Landing(engine)
 
     def local_view(self, r: Replica) -> memoryview | None:
@@ -104,10 +107,11 @@ class ReplicaIO:
         if err is not None:
             raise err
 
-    def write_batch(self, views: Sequence[memoryview],
-                    replicas: Sequence[Sequence[Replica]]) -> list[StoreError | None]:
-        """Write each view to its replicas (every remote write in one engine batch); per view
-        None when every replica was written, else the error."""
+    def write_batch(self, views: Sequence[memoryview], replicas: Sequence[Sequence[Replica]],
+                    notes: Sequence[Sequence[Note]] = ()) -> list[StoreError | None]:
+        """Write each view to its replicas, and each view's ledger `notes` (store/ledger.py),
+        every remote write in one engine batch; per view None when all of its writes were done,
+        else the error."""
         out: list[StoreError | None] = [None] * len(views)
         remote: list[tuple[int, Replica]] = []
         for i, (view, rs) in enumerate(zip(views, replicas, strict=True)):
@@ -117,10 +121,14 @@ class ReplicaIO:
                     local[:] = view
                 else:
                     remote.append((i, r))
-        if not remote:
+        far: list[tuple[int, Note]] = []
+        for i, ns in enumerate(notes):
+            far += [(i, note) for note in ns if not self._note_here(note)]
+        if not remote and not far:
             return out
         firsts = sorted({i for i, _ in remote})
-        with self._stage.hold(sum(len(views[i]) for i in firsts)) as stage:
+        staged = sum(len(views[i]) for i in firsts)
+        with self._stage.hold(staged + sum(len(note[2]) for _, note in far)) as stage:
             temps: list[Region] = []
             where: dict[int, tuple[Region, int]] = {}
             try:
@@ -138,14 +146,37 @@ class ReplicaIO:
                         where[i] = (temps[-1], 0)
                 reqs = [TransferRequest(Op.WRITE, where[i][0], where[i][1], r.segment, r.offset,
                                         len(views[i])) for i, r in remote]
+                if far:  # the records go after the values in the stage (or a region of their own)
+                    if stage is None:
+                        size = sum(len(note[2]) for _, note in far)
+                        temps.append(self.engine.register(bytearray(size)))
+                    hold = stage or temps[-1]
+                    assert hold.view is not None
+                    for _, (seg, off, rec) in far:
+                        hold.view[pos:pos + len(rec)] = rec
+                        reqs.append(TransferRequest(Op.WRITE, hold, pos, seg, off, len(rec)))
+                        pos += len(rec)
                 reasons = self._run(reqs)
             finally:
                 for t in temps:
                     self.engine.unregister(t)
-        for (i, r), why in zip(remote, reasons, strict=True):
+        targets = [(i, r.segment, r.offset) for i, r in remote] + [(i, n[0], n[1]) for i, n in far]
+        for (i, seg, off), why in zip(targets, reasons, strict=True):
             if why is not None and out[i] is None:
-                out[i] = _failed(f"writing {r.segment}@{r.offset}", why)
+                out[i] = _failed(f"writing {seg}@{off}", why)
         return out
+
+    def _note_here(self, note: Note) -> bool:
+        """Copy a ledger record into this client's own ledger when it goes there."""
+        seg, off, rec = note
+        led = self.ledger
+        if led is None or led.view is None or seg != self.engine.name:
+            return False
+        start = off - led.base
+        if start < 0 or start + len(rec) > led.length:
+            return False
+        led.view[start:start + len(rec)] = rec
+        return True
 
     # -- reads -----------------------------------------------------------------------------------
     def order(self, replicas: Sequence[Replica]) -> list[Replica]:

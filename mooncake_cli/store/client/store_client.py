@@ -22,13 +22,14 @@ from typing import Any
 import zmq
 
 from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.store import ledger
 from mooncake_cli.store.client import liveness
 from mooncake_cli.store.client.batch_reads import read_into
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.client.memory import allocate_dram
 from mooncake_cli.store.client.replica_adds import add_replicas
-from mooncake_cli.store.client.replica_io import ReplicaIO, checksum, readable
+from mooncake_cli.store.client.replica_io import Note, ReplicaIO, checksum, readable
 from mooncake_cli.store.client.ssd_node import SsdNode
 from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError, TransferFailed
 from mooncake_cli.store.ha.leader import LeaderInfo, is_ha
@@ -69,6 +70,7 @@ class StoreClient:
         self._lanes = LaneSlot(self._rpc, timeout)  # the master's same-host lane, else zmq
         self.host = engine.descriptor().host
         self.region: Region | None = None
+        self.ledger: Region | None = None
         self.hugepages = False  # whether the DRAM segment really sits on huge pages
         self.segment: Segment | None = None
         self.holdings = Holdings()
@@ -78,8 +80,12 @@ class StoreClient:
             if segment_size > 0:
                 self.region, self.hugepages = allocate_dram(engine, segment_size, hugepages,
                                                             strict_hugepages)
+                if self._ha:  # where writers leave records of their puts (store/ledger.py)
+                    self.ledger = engine.allocate(ledger.SLOT * ledger.SLOTS)
                 self.segment = Segment(engine.name, self.client_id, self.host,
-                                       self.region.base, segment_size)
+                                       self.region.base, segment_size,
+                                       ledger=self.ledger.base if self.ledger else 0,
+                                       ledger_slots=ledger.SLOTS if self.ledger else 0)
                 self._rpc.call(p.MountSegment(self.segment), bool)
             else:
                 self._rpc.call(p.Heartbeat(self.client_id), bool)
@@ -87,6 +93,7 @@ class StoreClient:
             self._teardown()
             raise
         self.io = ReplicaIO(engine, self.region, self.host, timeout)
+        self.io.ledger = self.ledger
         self.ssd: SsdNode | None = None
         if ssd_dir is not None:
             try:
@@ -100,7 +107,8 @@ class StoreClient:
         self._beat_lane = LaneSlot(self._beat, timeout)  # owners confirm changes by it (HA)
         self.keeper = HoldingsKeeper(self._beat_lane, self.client_id, self.segment,
                                      self.holdings, self.io.local_view,
-                                     lambda: self.ssd and self.ssd.mount())
+                                     lambda: self.ssd and self.ssd.mount(),
+                                     self.ledger.view if self.ledger else None)
         self._thread = threading.Thread(
             target=liveness.heartbeat, name="mooncake-store-heartbeat", daemon=True,
             args=(self._stop, self.keeper, self.segment is not None, heartbeat))
@@ -130,16 +138,19 @@ class StoreClient:
         view = readable(data)
         sums: list[str] = [checksum(view)] if self._ha else []  # else while the master works
         replicas = self._call(p.PutStart(key, len(view), config, upsert=upsert,
-                                         checksum=sums[0] if sums else None), list[Replica],
+                                         checksum=sums[0] if sums else None, notes=self._ha),
+                              list[Replica],
                               None if sums else lambda: sums.append(checksum(view)))
+        csum = sums[0]
         try:
-            self.io.write(view, replicas)
+            err = self.io.write_batch([view], [replicas], [_notes(key, replicas, csum, config)])[0]
+            if err is not None:
+                raise err
         except MooncakeError as e:  # a StoreError, or the transfer engine's own
             self._try(p.PutRevoke(key))
             if isinstance(e, StoreError):
                 raise
             raise TransferFailed(f"writing {key!r}: {e}") from e
-        csum = sums[0]
         self._call(p.PutEnd(key, csum))
         own = [r for r in replicas if r.segment == self.engine.name]
         if own:
@@ -155,7 +166,8 @@ class StoreClient:
         views = [readable(v) for v in values]
         sums = [checksum(v) for v in views] if self._ha else []  # else while the master works
         starts = self._call(p.BatchPutStart(list(keys), [len(v) for v in views], config,
-                                            upsert=upsert, checksums=sums or None),
+                                            upsert=upsert, checksums=sums or None,
+                                            notes=self._ha),
                             list[p.Reply],
                             None if sums else lambda: sums.extend(checksum(v) for v in views))
         out: list[StoreError | None] = []
@@ -169,7 +181,9 @@ class StoreClient:
                 out.append(e)
         written: list[StoreError | None]
         try:
-            written = self.io.write_batch(views, placed)  # every remote write in one batch
+            notes = [_notes(k, rs, c, config) for k, rs, c in zip(keys, placed, sums, strict=True)
+                     ] if self._ha else ()
+            written = self.io.write_batch(views, placed, notes)  # remote writes in one batch
         except MooncakeError as e:  # the engine failed before any answer: none was written
             written = [TransferFailed(f"writing the batch: {e}")] * len(views)
         done: list[tuple[int, str, str, Replica | None]] = []
@@ -370,9 +384,10 @@ class StoreClient:
         self._rpc.close()
         self._beat.close()
         self._ctx.term()
-        if self.region is not None:
-            self.engine.unregister(self.region)
-            self.region = None
+        for region in (self.region, self.ledger):
+            if region is not None:
+                self.engine.unregister(region)
+        self.region = self.ledger = None
 
     def close(self) -> None:
         """Unmount the segment (its replicas are dropped by the master) and release it."""
@@ -391,3 +406,15 @@ class StoreClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _notes(key: str, replicas: Sequence[Replica], csum: str,
+           config: ReplicateConfig | None) -> list[Note]:
+    """The ledger records to leave for the replicas an HA leader gave slots to."""
+    out: list[Note] = []
+    for r in replicas:
+        if r.note_seq:
+            rec = ledger.encode(r.note_seq, key, r, csum, config)
+            if rec is not None:  # the leader checked it fits
+                out.append((r.segment, r.note_at, rec))
+    return out

@@ -9,7 +9,9 @@ its mark with its next PollHoldings. Owners long-poll (PollHoldings.wait) over t
 lane when there is one: an empty poll is held until a change for them comes, and one report
 carries every change that came meanwhile. A writer that sends its checksum with put_start (HA
 clients do) has the owners told right then (`ReportBook.announce`): their confirmation runs
-while the bytes are written, and the put_end waits only for what is left of it. An owner that
+while the bytes are written, and the put_end waits only for what is left of it; one that also
+asks for ledger notes (HA StoreClients do) gets a ledger slot per replica (notes.py), leaves its
+record there with the bytes, and its put_end is answered at once. An owner that
 does not confirm within DURABLE_TIMEOUT gets the writer an error; a leader that lost its term
 meanwhile answers NotLeader, and the client sends the request again to the new leader.
 
@@ -34,6 +36,7 @@ import msgspec
 
 from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.ha.leader import NotLeader
+from mooncake_cli.store.ha.notes import Notes
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.reports import Journal, ReportBook
@@ -68,6 +71,7 @@ class Acks:
         self.timeout = timeout
         self.warm_until = 0.0  # time.monotonic() until which misses answer "not ready"
         self._told: dict[str, tuple[ReportBook, list[tuple[Journal, int]]]] = {}
+        self.notes = Notes()
         self._cond = threading.Condition()
         self.loop_holds = False  # whether the zmq loop holds answers (else no need to wake it)
         self._r, self._w = os.pipe()
@@ -81,6 +85,8 @@ class Acks:
             return self._poll(current, master, request)
         if self.durable and isinstance(request, STARTS):
             return self._start(master, request)
+        if isinstance(request, (p.MountSegment, p.Remount)):
+            return self._mount(master, request)
         if self.durable and isinstance(request, (p.PutRevoke, p.BatchPutRevoke)):
             self._take(master.state.reports, request)
         if not (self.durable and isinstance(request, DURABLE)):
@@ -100,6 +106,7 @@ class Acks:
         marks += self._take(book, request)
         if not marks:
             return reply
+        book.want(marks)
 
         def ready() -> bool:
             with master.state.lock:
@@ -126,21 +133,40 @@ class Acks:
         book = master.state.reports
         config = request.config or ReplicateConfig()
         with master.state.lock:
+            wants = book.wants
             try:
                 value = request.call(master)
             except StoreError as e:
                 return p.error(e)
+            noted: dict[str, list[Replica]] = {}
             for key, replicas, checksum in _started(request, value):
                 with book.collect() as marks:
                     book.announce(key, replicas, checksum, config)
-                if marks:
+                if not marks:
+                    continue
+                slots = self.notes.assign(master.state.segments, book, key, replicas,
+                                          checksum, request.config) if request.notes else None
+                if slots is None:
                     self._told[key] = (book, marks)
+                    book.want(marks)  # confirmed while the bytes are written
+                else:
+                    noted[key] = slots
         if len(self._told) > MAX_TOLD:  # puts never ended nor revoked: their waits are moot
             self._told.clear()
-        self.poke()
+        if book.wants != wants:
+            self.poke()  # owners to wake
         if isinstance(request, p.PutStart):
-            return p.ok(value)
-        return p.ok([p.error(v) if isinstance(v, StoreError) else p.ok(v) for v in value])
+            return p.ok(noted.get(request.key, value))
+        return p.ok([p.error(v) if isinstance(v, StoreError) else p.ok(noted.get(k, v))
+                     for k, v in zip(request.keys, value, strict=True)])
+
+    def _mount(self, master: StoreMaster, request: p.MountSegment | p.Remount) -> p.Reply:
+        """A (re)mount: its ledger numbers from the request's `ledger_next` from now on."""
+        with master.state.lock:
+            reply = p.run(master, request)
+            if reply.ok:
+                self.notes.mounted(request.segment, request.ledger_next, master.state.reports)
+        return reply
 
     def _take(self, book: ReportBook, request: p.Request) -> list[tuple[Journal, int]]:
         """The put_start marks of the keys `request` ends or revokes (forgotten here)."""

@@ -60,7 +60,10 @@ class _KeysReq(_Req):
 
 
 class MountSegment(_Req, tag="mount_segment"):
+    """`ledger_next`: the first seq of the segment's put ledger (store/ledger.py)."""
+
     segment: Segment
+    ledger_next: Annotated[int, msgspec.Meta(ge=1, lt=1 << 62)] = 1
 
     def call(self, m: StoreMaster) -> bool:
         return m.mount_segment(self.segment)
@@ -83,7 +86,8 @@ class Heartbeat(_Req, tag="heartbeat"):
 
 class PutStart(_Req, tag="put_start"):
     """`checksum`: the value's, when the writer has it already; an HA leader then tells the
-    replicas' owners at once (store/ha/acks.py)."""
+    replicas' owners at once (store/ha/acks.py). `notes`: the writer leaves a ledger record of
+    each replica the answer gives a slot to (store/ledger.py)."""
 
     key: Key
     size: Size
@@ -91,6 +95,7 @@ class PutStart(_Req, tag="put_start"):
     tier: Tier = "dram"
     upsert: bool = False
     checksum: Checksum | None = None
+    notes: bool = False
 
     def call(self, m: StoreMaster) -> tuple[Replica, ...]:
         return m.put_start(self.key, self.size, self.config, tier=self.tier, upsert=self.upsert)
@@ -167,6 +172,7 @@ class BatchPutStart(_Req, tag="batch_put_start"):
     tier: Tier = "dram"
     upsert: bool = False
     checksums: Annotated[list[Checksum], msgspec.Meta(max_length=MAX_BATCH)] | None = None
+    notes: bool = False
 
     def call(self, m: StoreMaster) -> list[Any]:
         return m.batch_put_start(self.keys, self.sizes, self.config, tier=self.tier,
@@ -304,6 +310,7 @@ class Remount(_Req, tag="remount"):
 
     segment: Segment
     held: Annotated[list[Held], msgspec.Meta(max_length=MAX_BATCH)]
+    ledger_next: Annotated[int, msgspec.Meta(ge=1, lt=1 << 62)] = 1
 
     def call(self, m: StoreMaster) -> list[Any]:
         with m.state.lock:
