@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -50,6 +50,13 @@ class Held:
 
     def __post_init__(self) -> None:
         check_key(self.key)
+
+
+def _held(key: str, replica: Replica, config: ReplicateConfig) -> Held:
+    """A Held of fields the master checked already (its hot path: no checks again)."""
+    h = object.__new__(Held)
+    h.__dict__.update(key=key, replica=replica, config=config)
+    return h
 
 
 @dataclass(frozen=True)
@@ -187,23 +194,27 @@ class ReportBook:
         if new is None or new.complete or not told:
             self._told.pop(key, None)
 
-    def announce(self, key: str, replicas: Iterable[Replica], checksum: str,
-                 config: ReplicateConfig) -> None:
+    def announce(self, key: str, replicas: Sequence[Replica], checksum: str,
+                 config: ReplicateConfig) -> list[tuple[int, str, Journal, int]]:
         """A put of `key` started and its writer sent the checksum: tell the owners of its DRAM
         replicas now, as held (they re-register it only if the bytes match), so that their
-        confirmation overlaps the write and put_end needs no round trip of its own."""
+        confirmation overlaps the write and put_end needs no round trip of its own. Per replica
+        told: its index, its owner's client id, journal and the change's seq (the mark)."""
+        out: list[tuple[int, str, Journal, int]] = []
         if not self._journals:
-            return
+            return out
         told: dict[tuple[str, int], Replica] = {}
-        for r in replicas:
-            if r.tier != "dram" or (j := self._owner(r)) is None:
+        for i, r in enumerate(replicas):
+            if r.tier != "dram" or (seg := self._segments.locate(r)) is None or \
+                    (j := self._journals.get(seg.client_id)) is None:
                 continue
             held = evolve(r, checksum=checksum, status=ReplicaStatus.COMPLETE)
-            j.note(Held(key, held, config))
-            self._mark(j)
+            j.note(_held(key, held, config))
+            out.append((i, seg.client_id, j, j.seq))
             told[(r.segment, r.offset)] = held
         if told:
             self._told[key] = told
+        return out
 
     def _mark(self, journal: Journal) -> None:
         found = getattr(self._marks, "found", None)

@@ -140,13 +140,13 @@ class Acks:
                 return p.error(e)
             noted: dict[str, list[Replica]] = {}
             for key, replicas, checksum in _started(request, value):
-                with book.collect() as marks:
-                    book.announce(key, replicas, checksum, config)
-                if not marks:
+                told = book.announce(key, replicas, checksum, config)
+                if not told:
                     continue
-                slots = self.notes.assign(master.state.segments, book, key, replicas,
-                                          checksum, request.config) if request.notes else None
+                slots = self.notes.assign(book, key, replicas, told, request.config) \
+                    if request.notes else None
                 if slots is None:
+                    marks = [(j, seq) for _, _, j, seq in told]
                     self._told[key] = (book, marks)
                     book.want(marks)  # confirmed while the bytes are written
                 else:

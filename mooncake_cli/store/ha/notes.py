@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mooncake_cli.store import ledger
-from mooncake_cli.store.master.placement import SegmentTable
 from mooncake_cli.store.records import Replica, ReplicateConfig, Segment, evolve
 from mooncake_cli.store.reports import Journal, ReportBook
 
@@ -51,21 +50,18 @@ class Notes:
         if journal is not None:
             journal.ledger = max(journal.ledger, start - 1)
 
-    def assign(self, segments: SegmentTable, book: ReportBook, key: str,
-               replicas: Sequence[Replica], checksum: str,
+    def assign(self, book: ReportBook, key: str, replicas: Sequence[Replica],
+               told: Sequence[tuple[int, str, Journal, int]],
                config: ReplicateConfig | None) -> list[Replica] | None:
-        """`replicas` with the ledger slot of each DRAM replica's record, after a put_start's
-        announce (each owner's journal's last change is the one that told it); None when one
-        of them can have no record (then the put must wait for its owners)."""
-        out: list[Replica] = []
-        for r in replicas:
-            if r.tier != "dram":
-                out.append(r)
-                continue
-            seg = segments.locate(r)
-            journal = book.owner(r)
-            led = self._ledgers.get(seg.client_id) if seg is not None else None
-            if journal is None or led is None or seg is None or seg.ledger != led.base:
+        """`replicas` with a ledger slot for the record of each one whose owner was `told`
+        (ReportBook.announce: index, client id, journal, mark); None when one of them can have
+        no record (then the put must wait for its owners)."""
+        if not ledger.fits(key, config):
+            return None
+        out = list(replicas)
+        for i, client_id, journal, mark in told:
+            led = self._ledgers.get(client_id)
+            if led is None:
                 return None
             waiting = led.waiting
             while waiting and book.confirmed(*waiting[0][1:]):
@@ -73,13 +69,11 @@ class Notes:
             seq = led.next
             if waiting and waiting[0][0] <= seq - led.slots:
                 return None  # the ring is full of records the owner has not taken in
-            if not ledger.fits(key, config):
-                return None
             led.next += 1
-            waiting.append((seq, journal, journal.seq))
+            waiting.append((seq, journal, mark))
             journal.noted(seq)
             if len(waiting) > led.slots // 2 and journal.wanted <= journal.acked:
                 book.want([(journal, journal.seq)])  # have the owner take them in, once
-            out.append(evolve(r, note_at=ledger.slot_offset(led.base, led.slots, seq),
-                              note_seq=seq))
+            out[i] = evolve(out[i], note_at=ledger.slot_offset(led.base, led.slots, seq),
+                            note_seq=seq)
         return out
