@@ -69,9 +69,11 @@ class DramBuffer:
                 raise
             self.fd, self.shm = fd, name
         else:
-            self._mm = mmap.mmap(-1, max(size, 1))
+            # private: a MAP_SHARED anonymous mapping is shmem, which gets no transparent huge
+            # pages unless shmem_enabled allows them
+            self._mm = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE)
             if size >= HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
-                try:  # transparent huge pages: fewer TLB misses on large copies
+                try:  # fewer TLB misses on large copies, and cma pins 2 MiB pages
                     self._mm.madvise(mmap.MADV_HUGEPAGE)
                 except OSError:
                     pass

@@ -95,6 +95,8 @@ class LocalTarget:
             argv += ["--config", config_file]
         argv += ["transfer", "serve", "--buffer-size", str(cfg.buffer_size),
                  "--metadata", ecfg.metadata]
+        if ecfg.transport == "nixl":  # no peer maps it; cma pins huge pages far faster
+            argv.append("--private")
         env = {"MOONCAKE_SECRET": ecfg.secret} if ecfg.secret else {}
         if ecfg.encrypt:
             env["MOONCAKE_TRANSFER_ENCRYPT"] = "1"
