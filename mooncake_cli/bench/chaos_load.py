@@ -171,24 +171,36 @@ def _read(client: StoreClient, key: str, tries: int = 3) -> bytes | None:
     return None
 
 
-def throughput(client: StoreClient, size: int, duration: float, capacity: int) -> dict[str, Any]:
-    """Sequential puts of `size` bytes for `duration` s (at most what half of two nodes of
-    `capacity` bytes hold); ops/s, GB/s and latency percentiles. The keys are removed after."""
+def throughput(clients: dict[str, StoreClient], size: int, duration: float, capacity: int,
+               slices: int = 20) -> dict[str, dict[str, Any]]:
+    """Sequential puts of `size` bytes through each client for `duration` s each, taken in
+    `slices` turns that alternate between the clients (so drifts of a shared machine's load
+    fall on each alike), at most what half of two nodes of `capacity` bytes hold. Per client
+    ops/s, GB/s and latency percentiles. The keys are removed after."""
     data = os.urandom(size)
     tag = uuid.uuid4().hex[:8]
-    for i in range(10):  # warm the connections up
-        client.put(f"warm-{tag}-{i}", data)
+    for name, client in clients.items():
+        for i in range(10):  # warm the connections up
+            client.put(f"warm-{tag}-{name}-{i}", data)
     cap = max(20, capacity // size)
-    lat: list[float] = []
-    start = time.monotonic()
-    while time.monotonic() - start < duration and len(lat) < cap:
-        t = time.perf_counter()
-        client.put(f"tp-{tag}-{len(lat)}", data)
-        lat.append(time.perf_counter() - t)
-    secs = time.monotonic() - start
-    client.remove_all(force=True)
-    lat.sort()
-    return {"puts": len(lat), "seconds": round(secs, 3), "ops_per_s": len(lat) / secs,
-            "gb_per_s": len(lat) * size / secs / 1e9,
-            "p50_us": statistics.median(lat) * 1e6,
-            "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6}
+    lat: dict[str, list[float]] = {name: [] for name in clients}
+    secs = dict.fromkeys(clients, 0.0)
+    for _ in range(slices):
+        for name, client in clients.items():
+            mine = lat[name]
+            start = time.monotonic()
+            while time.monotonic() - start < duration / slices and len(mine) < cap:
+                t = time.perf_counter()
+                client.put(f"tp-{tag}-{name}-{len(mine)}", data)
+                mine.append(time.perf_counter() - t)
+            secs[name] += time.monotonic() - start
+    out: dict[str, dict[str, Any]] = {}
+    for name, client in clients.items():
+        client.remove_all(force=True)
+        got = sorted(lat[name])
+        out[name] = {"puts": len(got), "seconds": round(secs[name], 3),
+                     "ops_per_s": len(got) / secs[name],
+                     "gb_per_s": len(got) * size / secs[name] / 1e9,
+                     "p50_us": statistics.median(got) * 1e6,
+                     "p99_us": got[min(len(got) - 1, int(len(got) * 0.99))] * 1e6}
+    return out
