@@ -45,9 +45,44 @@ def test_a_read_into_registered_memory_is_not_staged(
     assert reader.batch_get_into(["k"], [into]) == [len(data)]
     assert into.tobytes() == data and not pool[:MiB + 3].any()
     assert reader.io._stage._region is None  # nothing went through the staging region
-    elsewhere = np.zeros(len(data), dtype=np.uint8)  # not registered: staged as before
+    elsewhere = np.zeros(len(data), dtype=np.uint8)  # not registered, but the peer is mapped
     assert reader.get_into("k", elsewhere) == len(data) and elsewhere.tobytes() == data
-    assert reader.io._stage._region is not None
+    assert reader.io._stage._region is None  # copied from the mapping, verified as it went
+
+
+def test_a_read_from_an_unmapped_peer_into_plain_memory_is_staged(
+        make_engine: Callable[..., Any]) -> None:
+    master: Proc = start_master(free_port())
+    holder = StoreClient(master.ready["address"], make_engine(timeout=3), 16 * MiB)
+    reader = StoreClient(master.ready["address"], make_engine(timeout=3, transport="tcp"),
+                         16 * MiB)
+    try:
+        data = os.urandom(3 * MiB + 5)
+        holder.put("k", data, ReplicateConfig(preferred_segment=holder.engine.name))
+        assert reader.io.near(reader.describe("k").replicas[0]) is None  # tcp maps nothing
+        elsewhere = np.zeros(len(data), dtype=np.uint8)
+        assert reader.get_into("k", elsewhere) == len(data) and elsewhere.tobytes() == data
+        assert reader.io._stage._region is not None
+    finally:
+        reader.close()
+        holder.close()
+        assert master.stop() == 0
+
+
+def test_a_bad_replica_in_a_mapped_peer_is_refused(clients: Callable[[], StoreClient]) -> None:
+    holder, reader = clients(), clients()
+    data = os.urandom(MiB + 7)
+    holder.put("k", data, ReplicateConfig(preferred_segment=holder.engine.name))
+    r = holder.describe("k").replicas[0]
+    assert reader.io.near(r) is not None  # the reader maps the holder's segment
+    assert holder.region is not None and holder.region.view is not None
+    holder.region.view[r.offset - holder.region.base + MiB + 3] ^= 0xFF  # in the last block
+    with pytest.raises(ChecksumMismatch):
+        reader.get_into("k", np.zeros(len(data), dtype=np.uint8))
+    with pytest.raises(ChecksumMismatch):
+        reader.get("k")
+    assert isinstance(reader.batch_get_into(["k"], [np.zeros(len(data), np.uint8)])[0],
+                      ChecksumMismatch)
 
 
 def test_a_bad_replica_read_in_place_is_still_refused(

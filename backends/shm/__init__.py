@@ -120,6 +120,12 @@ class ShmChannel:
             return self._fallback().read(remote_offset, dst)
         dst[:] = mv[start:start + len(dst)]
 
+    def view(self, remote_offset: int, n: int) -> memoryview | None:
+        """The peer's `n` bytes at `remote_offset` as mapped here (None: not shm-backed)."""
+        self._alive()
+        mv, start = self._locate(remote_offset, n)
+        return None if mv is None else mv[start:start + n]
+
     def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
         self._alive()
         mv, start = self._locate(remote_offset, len(src))

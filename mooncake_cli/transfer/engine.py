@@ -226,6 +226,26 @@ class TransferEngine:
 
     _run = staticmethod(run_slice)
 
+    def mapped(self, target: str, offset: int, length: int) -> memoryview | None:
+        """Segment `target`'s `length` bytes at `offset` as this process maps them, when its
+        transport maps a same-host peer's memory (shm), so a caller can read them with its
+        own loop (the store's copy that verifies as it goes); None otherwise, or on any
+        failure (then use a transfer, which says why)."""
+        try:
+            peer = self._peer(target)
+            ch = peer.acquire(block=False)
+        except MooncakeError:
+            return None
+        if ch is None:
+            return None
+        try:
+            view = getattr(ch, "view", None)
+            return view(offset, length) if view is not None else None
+        except MooncakeError:
+            return None
+        finally:
+            peer.release(ch)
+
     def transfer(self, op: Op, region: Region, local_offset: int, target: str,
                  target_offset: int, length: int, timeout: float | None = None) -> Status:
         """One request, waited for; TransferError with the reason when it fails."""

@@ -1,6 +1,7 @@
 """Reading many objects into the caller's buffers at once: each key's nearest replica, every
 remote one in one engine batch (straight into a dest in memory registered with the engine,
-else staged), local ones copied; a key whose first pick fails (a transfer error or a bad
+else staged), ones this process maps (its own segment, a same-host peer's shared memory)
+copied and verified as they go; a key whose first pick fails (a transfer error or a bad
 checksum) then tries its other replicas alone (ReplicaIO.read).
 
     got = read_into(io, keys, replica_lists, [memoryview(b) for b in bufs], bufs)
@@ -33,13 +34,11 @@ def read_into(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Re
                                     f"{len(dests[i])}")
             continue
         first = io.order(rs)[0]
-        local = io.local_view(first)
-        if local is None:
+        near = io.near(first)  # own segment or a same-host peer's mapped memory
+        if near is None:
             remote.append((i, first))
-        else:
-            dests[i][:n] = local
-            if io._check(key, first, dests[i][:n], []):
-                out[i] = n
+        elif io.copy_near(key, first, near, dests[i], []):
+            out[i] = n
     landed = [(i, r, at) for i, r in remote
               if (at := io._landing.find(dests[i][:r.size])) is not None]
     if landed:  # dests in memory registered with the engine: read straight into them

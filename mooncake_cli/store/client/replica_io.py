@@ -37,6 +37,7 @@ from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
 Note = tuple[str, int, bytes]  # a ledger record to write: segment, offset, slot bytes
+BLOCK = 256 << 10  # bytes copied, then hashed, at a time (copy_checked)
 
 
 def checksum(view: Any) -> str:
@@ -54,6 +55,22 @@ def readable(data: Any) -> memoryview:
     if not view.c_contiguous:
         raise InvalidParams("value must be a C-contiguous buffer")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def copy_checked(dest: memoryview, src: memoryview, want: str | None) -> bool:
+    """Copy `src` into the start of `dest`; whether the copy matches checksum `want` (None:
+    not checked). Copied and hashed BLOCK bytes at a time, so the hash reads what the copy
+    just left in the cache instead of going to memory a second time."""
+    n = len(src)
+    if want is None:
+        dest[:n] = src
+        return True
+    h = xxhash.xxh3_64()
+    for off in range(0, n, BLOCK):
+        end = min(n, off + BLOCK)
+        dest[off:end] = src[off:end]
+        h.update(dest[off:end])
+    return h.hexdigest() == want
 
 
 def _failed(what: str, reason: str | None) -> TransferFailed:
@@ -87,6 +104,24 @@ class ReplicaIO:
         if start < 0 or start + r.size > region.length:
             return None
         return region.view[start:start + r.size]
+
+    def near(self, r: Replica) -> memoryview | None:
+        """The bytes of `r` as this process maps them: in its own region, or in a same-host
+        peer's memory that the engine maps (shm); None when only a transfer reaches them."""
+        local = self.local_view(r)
+        if local is not None or r.host != self.host or r.tier != "dram":
+            return local
+        return self.engine.mapped(r.segment, r.offset, r.size)
+
+    def copy_near(self, key: str, r: Replica, src: memoryview, dest: memoryview,
+                  errors: list[StoreError]) -> bool:
+        """Copy mapped `src` (see `near`) into `dest`, verified as it goes; False (the error
+        noted) when the bytes fail their checksum."""
+        if copy_checked(dest, src, r.checksum):
+            return True
+        errors.append(ChecksumMismatch(f"replica of {key!r} on {r.segment} at {r.offset} "
+                                       f"fails its checksum"))
+        return False
 
     def close(self) -> None:
         """Release the staging region (the engine stays up)."""
@@ -231,10 +266,10 @@ class ReplicaIO:
             return use(stage.view[:n])
 
     def read_bytes(self, key: str, replicas: Sequence[Replica]) -> bytes:
-        """The bytes of a good replica of `key` (one copy for a local replica)."""
+        """The bytes of a good replica of `key` (one copy for a replica this process maps)."""
         errors: list[StoreError] = []
         for r in self.order(replicas):
-            local = self.local_view(r)
+            local = self.near(r)
             try:
                 if local is not None:
                     data = bytes(local)
@@ -268,11 +303,13 @@ class ReplicaIO:
         errors: list[StoreError] = []
         try:
             for r in self.order(replicas):
-                local = self.local_view(r)
+                near = self.near(r)
+                if near is not None:
+                    if self.copy_near(key, r, near, dest, errors):
+                        return n
+                    continue
                 try:
-                    if local is not None:
-                        dest[:n] = local
-                    elif (into := self._landing.find(dest[:n])) is not None:
+                    if (into := self._landing.find(dest[:n])) is not None:
                         self.engine.transfer(Op.READ, into[0], into[1], r.segment, r.offset, n,
                                              self.timeout * 2)
                     elif not self._fetch(r, n, lambda v: _copy(dest, v)):
