@@ -202,10 +202,17 @@ class ReplicaIO:
         return out
 
     def _note_here(self, note: Note) -> bool:
-        """Copy a ledger record into this client's own ledger when it goes there."""
+        """Copy a ledger record straight into memory this process maps, when it goes there:
+        its own ledger, or a same-host owner's (shm); False when a transfer must take it."""
         seg, off, rec = note
         led = self.ledger
-        if led is None or led.view is None or seg != self.engine.name:
+        if seg != self.engine.name:
+            view = self.engine.mapped(seg, off, len(rec))
+            if view is None:
+                return False
+            view[:] = rec
+            return True
+        if led is None or led.view is None:
             return False
         start = off - led.base
         if start < 0 or start + len(rec) > led.length:
