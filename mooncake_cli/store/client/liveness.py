@@ -12,7 +12,7 @@ from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.errors import StoreError
 
 log = logging.getLogger("mooncake.store")
-LONG_POLL = 0.4  # seconds the master may hold a heartbeat (under the rpc's 0.5 s etcd checks)
+LONG_POLL = 0.15  # seconds the master may hold a heartbeat (under the rpc's 0.2 s etcd checks)
 RETRY_AFTER = 0.1  # seconds before the next heartbeat after one failed
 
 

@@ -20,7 +20,7 @@ from mooncake_cli.store.errors import RpcFailed, StoreError
 from mooncake_cli.store.ha.leader import NOT_LEADER, LeaderResolver, is_ha
 from mooncake_cli.store.wire import curve, protocol
 
-CHECK_EVERY = 0.5  # seconds between looks at etcd while a reply is awaited (HA)
+CHECK_EVERY = 0.2  # seconds between looks at etcd while a reply is awaited (HA)
 MAX_SWITCHES = 4  # leader changes one request follows before it gives up
 
 
