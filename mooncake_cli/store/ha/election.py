@@ -43,7 +43,7 @@ class Election:
     is called from the election thread when this candidate starts or stops leading."""
 
     def __init__(self, url: str, address: str, on_change: OnChange, ttl: int = 2,
-                 poll: float = 0.1) -> None:
+                 poll: float = 0.2) -> None:
         self.where = HaAddress.parse(url)
         self.address = address
         self.id = uuid.uuid4().hex
