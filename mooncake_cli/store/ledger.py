@@ -19,7 +19,7 @@ puts the owner has not been told of yet.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import msgspec
 import xxhash
@@ -33,17 +33,7 @@ MAGIC = b"MCL1"
 _HEAD = struct.Struct("<4sHxxQ")
 
 
-class _Payload(msgspec.Struct, array_like=True):
-    seq: int
-    key: str
-    offset: int
-    size: int
-    checksum: str
-    config: ReplicateConfig
-
-
-@dataclass(frozen=True)
-class Record:
+class Record(msgspec.Struct, array_like=True, frozen=True):
     """One ledger record: replica `offset`/`size` of `key` in the owner's segment."""
 
     seq: int
@@ -58,18 +48,31 @@ class Record:
                        ReplicaStatus.COMPLETE)
 
 
+Note = tuple[str, int, bytes]  # a record to write: the owner's segment, offset, slot bytes
+
+
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(_Payload)
+_decoder = msgspec.msgpack.Decoder(Record)
 
 
 def encode(seq: int, key: str, r: Replica, checksum: str,
            config: ReplicateConfig | None) -> bytes | None:
     """The slot bytes of the record of replica `r` of `key`; None if it does not fit a slot."""
-    payload = _encoder.encode(_Payload(seq, key, r.offset, r.size, checksum,
-                                       config or ReplicateConfig()))
+    payload = _encoder.encode(Record(seq, key, r.offset, r.size, checksum,
+                                     config or ReplicateConfig()))
     if _HEAD.size + len(payload) > SLOT:
         return None
     return _HEAD.pack(MAGIC, len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
+
+
+def notes(key: str, replicas: Sequence[Replica], checksum: str,
+          config: ReplicateConfig | None) -> list[Note]:
+    """The records a writer leaves for the replicas an HA leader gave ledger slots to."""
+    out: list[Note] = []
+    for r in replicas:
+        if r.note_seq and (rec := encode(r.note_seq, key, r, checksum, config)) is not None:
+            out.append((r.segment, r.note_at, rec))  # None: too big, but the leader checked
+    return out
 
 
 def fits(key: str, config: ReplicateConfig | None) -> bool:
@@ -97,8 +100,7 @@ def scan(view: memoryview, after: int = 0) -> list[Record]:
         if xxhash.xxh3_64_intdigest(payload) != digest:
             continue
         try:
-            p = _decoder.decode(payload)
-            rec = Record(p.seq, p.key, p.offset, p.size, p.checksum, p.config)
+            rec = _decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError, InvalidParams, TypeError):
             continue
         if rec.seq > after:

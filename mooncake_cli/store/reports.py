@@ -265,10 +265,6 @@ class ReportBook:
                         journal.note(Held(meta.key, r, meta.config))
         return journal
 
-    def owner(self, r: Replica) -> Journal | None:
-        """The journal of the client whose segment holds `r` (None: it does not poll)."""
-        return self._owner(r)
-
     def journal(self, client_id: str) -> Journal | None:
         return self._journals.get(client_id)
 

@@ -31,12 +31,12 @@ from mooncake_cli.store.errors import (
     StoreError,
     TransferFailed,
 )
+from mooncake_cli.store.ledger import Note
 from mooncake_cli.store.records import Replica
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
-Note = tuple[str, int, bytes]  # a ledger record to write: segment, offset, slot bytes
 BLOCK = 256 << 10  # bytes copied, then hashed, at a time (copy_checked)
 
 
@@ -136,9 +136,11 @@ class ReplicaIO:
                 for st in statuses]
 
     # -- writes ----------------------------------------------------------------------------------
-    def write(self, view: memoryview, replicas: Sequence[Replica]) -> None:
-        """Write `view` to every replica; TransferFailed if any write fails."""
-        err = self.write_batch([view], [replicas])[0]
+    def write(self, view: memoryview, replicas: Sequence[Replica],
+              notes: Sequence[Note] = ()) -> None:
+        """Write `view` to every replica (and its ledger `notes`); TransferFailed if any write
+        fails."""
+        err = self.write_batch([view], [replicas], [notes])[0]
         if err is not None:
             raise err
 

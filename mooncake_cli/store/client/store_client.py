@@ -24,12 +24,13 @@ import zmq
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import ledger
 from mooncake_cli.store.client import liveness
+from mooncake_cli.store.client.batch_puts import batch_put
 from mooncake_cli.store.client.batch_reads import read_into
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.client.memory import allocate_dram
 from mooncake_cli.store.client.replica_adds import add_replicas
-from mooncake_cli.store.client.replica_io import Note, ReplicaIO, checksum, readable
+from mooncake_cli.store.client.replica_io import ReplicaIO, checksum, readable
 from mooncake_cli.store.client.ssd_node import SsdNode
 from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError, TransferFailed
 from mooncake_cli.store.ha.leader import LeaderInfo, is_ha
@@ -143,9 +144,7 @@ class StoreClient:
                               None if sums else lambda: sums.append(checksum(view)))
         csum = sums[0]
         try:
-            err = self.io.write_batch([view], [replicas], [_notes(key, replicas, csum, config)])[0]
-            if err is not None:
-                raise err
+            self.io.write(view, replicas, ledger.notes(key, replicas, csum, config))
         except MooncakeError as e:  # a StoreError, or the transfer engine's own
             self._try(p.PutRevoke(key))
             if isinstance(e, StoreError):
@@ -161,56 +160,8 @@ class StoreClient:
                   upsert: bool = False) -> list[StoreError | None]:
         """Put each value (`upsert`: as `put`); one entry per key: None when stored, or the
         error it met."""
-        if len(keys) != len(values):
-            raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
-        views = [readable(v) for v in values]
-        sums = [checksum(v) for v in views] if self._ha else []  # else while the master works
-        starts = self._call(p.BatchPutStart(list(keys), [len(v) for v in views], config,
-                                            upsert=upsert, checksums=sums or None,
-                                            notes=self._ha),
-                            list[p.Reply],
-                            None if sums else lambda: sums.extend(checksum(v) for v in views))
-        out: list[StoreError | None] = []
-        placed: list[list[Replica]] = []
-        for item in starts:
-            try:
-                placed.append(p.result(item, list[Replica]))
-                out.append(None)
-            except StoreError as e:
-                placed.append([])
-                out.append(e)
-        written: list[StoreError | None]
-        try:
-            notes = [_notes(k, rs, c, config) for k, rs, c in zip(keys, placed, sums, strict=True)
-                     ] if self._ha else ()
-            written = self.io.write_batch(views, placed, notes)  # remote writes in one batch
-        except MooncakeError as e:  # the engine failed before any answer: none was written
-            written = [TransferFailed(f"writing the batch: {e}")] * len(views)
-        done: list[tuple[int, str, str, Replica | None]] = []
-        revoke: list[str] = []
-        for i, (key, replicas) in enumerate(zip(keys, placed, strict=True)):
-            if out[i] is not None:
-                continue
-            if written[i] is not None:
-                out[i] = written[i]
-                revoke.append(key)
-                continue
-            own = [r for r in replicas if r.segment == self.engine.name]
-            done.append((i, key, sums[i], own[0] if own else None))
-        if revoke:
-            self._try(p.BatchPutRevoke(revoke))
-        if done:
-            ends = self._call(p.BatchPutEnd([d[1] for d in done], [d[2] for d in done]),
-                              list[p.Reply])
-            for (i, key, csum, mine), item in zip(done, ends, strict=True):
-                try:
-                    p.result(item, None)
-                except StoreError as e:
-                    out[i] = e
-                    continue
-                if mine is not None:
-                    self.holdings.add(key, mine, csum, config)
-        return out
+        return batch_put(self._call, self.io, self.holdings, self._ha, keys, values, config,
+                         upsert)
 
     def add_replica(self, key: str, data: Any, segment: str | None = None) -> bool:
         """Give the complete object `key` one more replica, holding `data` (its bytes), on
@@ -406,15 +357,3 @@ class StoreClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _notes(key: str, replicas: Sequence[Replica], csum: str,
-           config: ReplicateConfig | None) -> list[Note]:
-    """The ledger records to leave for the replicas an HA leader gave slots to."""
-    out: list[Note] = []
-    for r in replicas:
-        if r.note_seq:
-            rec = ledger.encode(r.note_seq, key, r, csum, config)
-            if rec is not None:  # the leader checked it fits
-                out.append((r.segment, r.note_at, rec))
-    return out

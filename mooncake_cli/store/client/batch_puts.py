@@ -1,0 +1,83 @@
+"""The client's batch put: one batch start, every remote write (and, with HA, each replica's
+ledger record, store/ledger.py) in one engine batch, one batch end; a failed write is revoked.
+
+    errors = batch_put(call, io, holdings, ha, keys, values, config, upsert)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.store import ledger
+from mooncake_cli.store.client.holdings import Holdings
+from mooncake_cli.store.client.replica_adds import Call
+from mooncake_cli.store.client.replica_io import ReplicaIO, checksum, readable
+from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
+from mooncake_cli.store.records import Replica, ReplicateConfig
+from mooncake_cli.store.wire import protocol as p
+
+log = logging.getLogger("mooncake.store")
+
+
+def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Sequence[str],
+              values: Sequence[Any], config: ReplicateConfig | None = None,
+              upsert: bool = False) -> list[StoreError | None]:
+    """Put each value; per key None when stored, or the error it met. `ha`: the checksums go
+    with the batch start and the writes leave ledger records (the leader answers at once)."""
+    if len(keys) != len(values):
+        raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
+    views = [readable(v) for v in values]
+    sums = [checksum(v) for v in views] if ha else []  # else while the master works
+    starts = call(p.BatchPutStart(list(keys), [len(v) for v in views], config, upsert=upsert,
+                                  checksums=sums or None, notes=ha),
+                  list[p.Reply], None if sums else lambda: sums.extend(checksum(v) for v in views))
+    out: list[StoreError | None] = []
+    placed: list[list[Replica]] = []
+    for item in starts:
+        try:
+            placed.append(p.result(item, list[Replica]))
+            out.append(None)
+        except StoreError as e:
+            placed.append([])
+            out.append(e)
+    written: list[StoreError | None]
+    try:
+        notes = [ledger.notes(k, rs, c, config)
+                 for k, rs, c in zip(keys, placed, sums, strict=True)] if ha else ()
+        written = io.write_batch(views, placed, notes)  # remote writes in one batch
+    except MooncakeError as e:  # the engine failed before any answer: none was written
+        written = [TransferFailed(f"writing the batch: {e}")] * len(views)
+    done: list[tuple[int, str, str, Replica | None]] = []
+    revoke: list[str] = []
+    for i, (key, replicas) in enumerate(zip(keys, placed, strict=True)):
+        if out[i] is not None:
+            continue
+        if written[i] is not None:
+            out[i] = written[i]
+            revoke.append(key)
+            continue
+        own = [r for r in replicas if r.segment == io.engine.name]
+        done.append((i, key, sums[i], own[0] if own else None))
+    if revoke:
+        _revoke(call, revoke)
+    if done:
+        ends = call(p.BatchPutEnd([d[1] for d in done], [d[2] for d in done]), list[p.Reply])
+        for (i, key, csum, mine), item in zip(done, ends, strict=True):
+            try:
+                p.result(item, None)
+            except StoreError as e:
+                out[i] = e
+                continue
+            if mine is not None:
+                holdings.add(key, mine, csum, config)
+    return out
+
+
+def _revoke(call: Call, keys: list[str]) -> None:
+    try:
+        call(p.BatchPutRevoke(keys))
+    except StoreError as e:  # the master expires what is never ended anyway
+        log.debug("BatchPutRevoke: %s", e)
