@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,6 +112,24 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.kill()
         proc.wait()
         log.close()
+
+
+# -- an HA store master in-process --------------------------------------------------------------
+@pytest.fixture
+def durable() -> Iterator[tuple[Any, Any]]:
+    """An in-process store MasterService answering as an HA leader does (durable acks), on a
+    free port, and a zmq context for peers of it: (service, ctx)."""
+    import zmq
+
+    from mooncake_cli.store import StoreMaster
+    from mooncake_cli.store.service import MasterService
+
+    service = MasterService(StoreMaster(), port=0)
+    service.acks.durable = True  # as HaMaster sets it
+    ctx: zmq.Context[Any] = zmq.Context()
+    yield service, ctx
+    ctx.destroy(linger=0)
+    service.close()
 
 
 # -- HTTP metadata server ---------------------------------------------------------------------

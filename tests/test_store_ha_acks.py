@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -48,16 +47,6 @@ class Peer:
         reply = self.answer(5)
         assert reply is not None
         return reply
-
-
-@pytest.fixture
-def durable() -> Iterator[tuple[MasterService, zmq.Context[Any]]]:
-    service = MasterService(StoreMaster(), port=0)
-    service.acks.durable = True  # as HaMaster sets it
-    ctx: zmq.Context[Any] = zmq.Context()
-    yield service, ctx
-    ctx.destroy(linger=0)
-    service.close()
 
 
 def test_put_end_and_remove_wait_for_the_owner(durable: Any) -> None:

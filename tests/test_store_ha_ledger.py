@@ -5,12 +5,10 @@ puts its ledger records that it was never told of, and none that it was told wer
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import xxhash
-import zmq
 
 from mooncake_cli.store import Segment, StoreMaster, ledger
 from mooncake_cli.store import protocol as p
@@ -18,21 +16,10 @@ from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.reports import HoldingsReport
-from mooncake_cli.store.service import MasterService
 from tests.test_store_ha_acks import Peer
 
 pytestmark = pytest.mark.timeout(60)
 LEDGER = 1 << 20  # where the owner's ledger sits in its transfer segment, past the data
-
-
-@pytest.fixture
-def durable() -> Iterator[tuple[MasterService, zmq.Context[Any]]]:
-    service = MasterService(StoreMaster(), port=0)
-    service.acks.durable = True  # as HaMaster sets it
-    ctx: zmq.Context[Any] = zmq.Context()
-    yield service, ctx
-    ctx.destroy(linger=0)
-    service.close()
 
 
 def _replicas(reply: p.Reply) -> list[Replica]:
