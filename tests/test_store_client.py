@@ -224,3 +224,24 @@ def test_a_put_the_engine_cannot_send_is_revoked(client: Callable[..., StoreClie
     assert not holder.exists("k") and not holder.exists("k2")  # revoked, not left half-put
     holder.put("k", b"z" * 10)
     assert holder.get("k") == b"z" * 10
+
+
+def test_a_client_with_no_segment_beats_at_its_interval(client: Callable[..., StoreClient],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The master never knows a client that mounts nothing; that is no news, so its heartbeat
+    keeps its interval instead of asking again at once (it once spun at ~20,000 beats/s,
+    a core on each side)."""
+    reader = client(segment_size=0, heartbeat=0.2)
+    beats: list[float] = []
+    beat = reader.keeper.beat
+
+    def counted(wait: float = 0.0) -> bool:
+        beats.append(time.monotonic())
+        return beat(wait)
+
+    monkeypatch.setattr(reader.keeper, "beat", counted)
+    time.sleep(1.0)
+    assert 2 <= len(beats) <= 8, f"{len(beats)} heartbeats in 1 s at a 0.2 s interval"
+    writer = client()
+    writer.put("k", b"v" * 100)
+    assert reader.get("k") == b"v" * 100

@@ -52,8 +52,9 @@ class HoldingsKeeper:
         with self._lock:
             if self.segment is None:  # no DRAM segment; an SSD one mounts again if forgotten
                 if not self.conn.call(p.Heartbeat(self.client_id), bool):
-                    self._after_mount()
-                    return True
+                    # the master knows only clients that mount something: one with nothing
+                    # to mount stays unknown, and that is no news (else it beats in a loop)
+                    return bool(self._after_mount())
                 return False
             h = self.holdings
             report: HoldingsReport = self.conn.call(
