@@ -79,11 +79,14 @@ def _extensions(seconds: float) -> dict[str, Any]:
                         "write": seconds, "pool": min(POOL_TIMEOUT, seconds)}}
 
 
-def _request(url: str, body: dict[str, Any] | None, method: str | None,
+Body = dict[str, Any] | bytes | None  # a JSON object, or one already encoded
+
+
+def _request(url: str, body: Body, method: str | None,
              seconds: float, auth: Signer | None = None) -> dict[str, Any]:
     split(url)
     verb = method or ("POST" if body is not None else "GET")
-    content = None if body is None else json.dumps(body).encode()
+    content = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
     headers = JSON_HEADERS if body is not None else []
     if auth is not None:
         parts = urllib.parse.urlsplit(url)
@@ -221,8 +224,7 @@ class AsyncPeer:
                 skip_auto_headers=("User-Agent",), auto_decompress=False)
         return self._session
 
-    def _send(self, url: str, body: dict[str, Any] | None, method: str | None,
-              seconds: float) -> Any:
+    def _send(self, url: str, body: Body, method: str | None, seconds: float) -> Any:
         req = _request(url, body, method, seconds, self.auth)
         headers = {k.decode(): v.decode() for k, v in req["headers"]}
         timeout = aiohttp.ClientTimeout(total=None, connect=min(POOL_TIMEOUT, seconds),
@@ -231,8 +233,8 @@ class AsyncPeer:
         return self._client().request(req["method"], url, data=req["content"],
                                       headers=headers, timeout=timeout)
 
-    async def call(self, url: str, body: dict[str, Any] | None = None,
-                   timeout_s: float = 30.0, method: str | None = None) -> Answer:
+    async def call(self, url: str, body: Body = None, timeout_s: float = 30.0,
+                   method: str | None = None) -> Answer:
         try:
             async with self._send(url, body, method, timeout_s) as resp:
                 data = await resp.read()
@@ -240,7 +242,7 @@ class AsyncPeer:
             raise OSError(f"{url}: {type(e).__name__}: {e}") from e
         return _answer(resp.status, data, resp.headers)
 
-    async def events(self, url: str, body: dict[str, Any] | None = None,
+    async def events(self, url: str, body: Body = None,
                      timeout_s: float = 60.0) -> AsyncIterator[dict[str, Any]]:
         """`events`, asynchronously."""
         lines = _Lines(url)

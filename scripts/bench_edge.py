@@ -46,6 +46,16 @@ def start(root: Path, args: list[str]) -> tuple[subprocess.Popen[bytes], dict]:
     raise RuntimeError(f"{args} exited with {proc.wait()}")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 60 s (the old stack may still be closing 10,000 threads)."""
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(60)
+
+
 def proc_stats(pid: int) -> dict[str, float]:
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
                   .splitlines() if ":" in line)
@@ -158,8 +168,7 @@ def main() -> None:
             report[label] = {"load": asyncio.run(load(port, a.clients, a.seconds)),
                              "idle": asyncio.run(hold_idle(port, a.idle, proc.pid, 20.0))}
         finally:
-            proc.terminate()
-            proc.wait(60)
+            stop(proc)
         print(json.dumps({label: report[label]}), file=sys.stderr, flush=True)
     if a.instances and a.only != "load":
         report["cpu"] = cpu_section(a)
@@ -190,8 +199,7 @@ def cpu_section(a: argparse.Namespace) -> dict:
                 out[label] = cpu_per_request(int(ev["url"].rsplit(":", 1)[1]), proc.pid,
                                              a.cpu_clients, a.seconds)
             finally:
-                proc.terminate()
-                proc.wait(60)
+                stop(proc)
             print(json.dumps({f"cpu_{label}": out[label]}), file=sys.stderr, flush=True)
         return {"instances": a.instances, **out}
     finally:

@@ -212,7 +212,7 @@ class Conductor:
             # reuse only what the instance holds, unless the policy chose to fetch
             reuse="any" if chosen.fetch_blocks > chosen.local_blocks else "local")
         try:
-            ans = await self.peer.call(purl + "/v1/prefill", body.model_dump(mode="json"),
+            ans = await self.peer.call(purl + "/v1/prefill", body.model_dump_json().encode(),
                                        timeout_s=self.timeout)
             return ans, purl, durl
         except (OSError, ValueError) as e:
@@ -230,7 +230,7 @@ class Conductor:
         out = 0
         try:
             async for ev in self._generate(placed.decode_url + "/v1/generate",
-                                           body.model_dump(mode="json"), req.stream):
+                                           body.model_dump_json().encode(), req.stream):
                 if ev.get("error") or ev.get("finish_reason") == "error":
                     raise ServingError(ErrorCode.UPSTREAM_FAILED, f"decode worker {dname} "
                                        f"failed: {ev.get('error') or 'no reason given'}")
@@ -256,7 +256,7 @@ class Conductor:
             self.scheduler.observe_output(out)
             self.queue.notify()
 
-    async def _generate(self, url: str, body: dict[str, Any],
+    async def _generate(self, url: str, body: bytes,
                         stream: bool) -> AsyncIterator[dict[str, Any]]:
         """The decode worker's events: as they come (stream), or all in one answer."""
         if stream:
