@@ -14,7 +14,7 @@ from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.replica_adds import Call
-from mooncake_cli.store.client.replica_io import ReplicaIO, checksum, readable
+from mooncake_cli.store.client.replica_io import FUSED, ReplicaIO, checksum, readable
 from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.wire import protocol as p
@@ -30,10 +30,17 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
     if len(keys) != len(values):
         raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
     views = [readable(v) for v in values]
-    sums = [checksum(v) for v in views] if ha else []  # else while the master works
+    sums: list[str | None] = [checksum(v) for v in views] if ha else []  # else: below
+    # without HA: hashed while the master works, or (from FUSED bytes, with a segment of our
+    # own) as each is copied into that segment
+    fuse = not ha and io.region is not None
+    later = [fuse and len(v) >= FUSED for v in views]
+
+    def meanwhile() -> None:
+        sums.extend(None if lt else checksum(v) for v, lt in zip(views, later, strict=True))
     starts = call(p.BatchPutStart(list(keys), [len(v) for v in views], config, upsert=upsert,
-                                  checksums=sums or None, notes=ha),
-                  list[p.Reply], None if sums else lambda: sums.extend(checksum(v) for v in views))
+                                  checksums=sums or None, notes=ha),  # type: ignore[arg-type]
+                  list[p.Reply], None if sums else meanwhile)
     out: list[StoreError | None] = []
     placed: list[list[Replica]] = []
     for item in starts:
@@ -45,9 +52,14 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
             out.append(e)
     written: list[StoreError | None]
     try:
-        notes = [ledger.notes(k, rs, c, config)
+        rest = list(placed)
+        for i, (view, lt) in enumerate(zip(views, later, strict=True)):
+            if lt:
+                csum, rest[i] = io.write_hashed(view, placed[i])
+                sums[i] = csum or checksum(view)
+        notes = [ledger.notes(k, rs, c or "", config)
                  for k, rs, c in zip(keys, placed, sums, strict=True)] if ha else ()
-        written = io.write_batch(views, placed, notes)  # remote writes in one batch
+        written = io.write_batch(views, rest, notes)  # remote writes in one batch
     except MooncakeError as e:  # the engine failed before any answer: none was written
         written = [TransferFailed(f"writing the batch: {e}")] * len(views)
     done: list[tuple[int, str, str, Replica | None]] = []
@@ -60,7 +72,7 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
             revoke.append(key)
             continue
         own = [r for r in replicas if r.segment == io.engine.name]
-        done.append((i, key, sums[i], own[0] if own else None))
+        done.append((i, key, sums[i] or checksum(views[i]), own[0] if own else None))
     if revoke:
         _revoke(call, revoke)
     if done:

@@ -39,7 +39,8 @@ from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
-BLOCK = 256 << 10  # bytes copied, then hashed, at a time (copy_checked)
+BLOCK = 256 << 10  # bytes copied, then hashed, at a time (copy_hashed)
+FUSED = 64 << 10  # values from this size are hashed as they are copied into the own segment
 
 
 def checksum(view: Any) -> str:
@@ -64,22 +65,31 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
 
 
-def copy_checked(dest: memoryview, src: memoryview, want: str | None) -> bool:
-    """Copy `src` into the start of `dest`; whether the copy matches checksum `want` (None:
-    not checked). Copied and hashed BLOCK bytes at a time, so the hash reads what the copy
-    just left in the cache instead of going to memory a second time; the copies run without
-    the GIL (ctypes.memmove), so concurrent reads copy side by side."""
+def copy_hashed(dest: memoryview, src: memoryview) -> str:
+    """Copy `src` into the start of `dest`; its checksum. Copied and hashed BLOCK bytes at a
+    time, so the hash reads what the copy just left in the cache instead of going to memory a
+    second time; the copies run without the GIL (ctypes.memmove), so concurrent ones copy side
+    by side."""
     n = len(src)
     if n > len(dest):
         raise BufferOverflow(f"{n} bytes do not fit a buffer of {len(dest)}")
     to, frm = _address(dest), _address(src)
-    h = xxhash.xxh3_64() if want is not None else None
+    h = xxhash.xxh3_64()
     for off in range(0, n, BLOCK):
         end = min(n, off + BLOCK)
         ctypes.memmove(to + off, frm + off, end - off)
-        if h is not None:
-            h.update(dest[off:end])
-    return h is None or h.hexdigest() == want
+        h.update(dest[off:end])
+    return h.hexdigest()
+
+
+def copy_checked(dest: memoryview, src: memoryview, want: str | None) -> bool:
+    """Copy `src` into the start of `dest`; whether the copy matches checksum `want` (None:
+    not checked), as `copy_hashed`."""
+    if want is None:
+        if len(src):
+            ctypes.memmove(_address(dest), _address(src), len(src))
+        return True
+    return copy_hashed(dest, src) == want
 
 
 def _failed(what: str, reason: str | None) -> TransferFailed:
@@ -113,6 +123,17 @@ class ReplicaIO:
         if start < 0 or start + r.size > region.length:
             return None
         return region.view[start:start + r.size]
+
+    def write_hashed(self, view: memoryview,
+                     replicas: Sequence[Replica]) -> tuple[str | None, list[Replica]]:
+        """Copy `view` into the first of `replicas` in this client's own region while hashing
+        it: (its checksum, the replicas left to write); (None, all of them) when none is
+        there (one pass over the bytes instead of a hash and then a copy)."""
+        for j, r in enumerate(replicas):
+            local = self.local_view(r)
+            if local is not None and len(view) >= FUSED:
+                return copy_hashed(local, view), [*replicas[:j], *replicas[j + 1:]]
+        return None, list(replicas)
 
     def near(self, r: Replica) -> memoryview | None:
         """The bytes of `r` as this process maps them: in its own region, or in a same-host
