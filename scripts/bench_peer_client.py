@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""CPU per request of the async client between the roles, against the one it replaced, in one run.
+
+    python3 scripts/bench_peer_client.py --requests 3000 --concurrency 32
+
+A uvicorn app in its own process answers every POST with a small JSON body; this process sends
+`--requests` POSTs (a 100-token body, like a prefill request) at `--concurrency`, first through
+httpcore's async pool (the client before aiohttp), then through `jsonhttp.AsyncPeer` (aiohttp),
+twice each, alternating, and prints this process's CPU time per request (user + system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpcore  # noqa: E402
+
+from mooncake_cli.jsonhttp import AsyncPeer  # noqa: E402
+
+SERVER = """
+import json, sys, uvicorn
+BODY = json.dumps({"ok": True, "first_token": 5, "pad": "y" * 200}).encode()
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]})
+    await send({"type": "http.response.body", "body": BODY})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+BODY = {"request_id": "r", "token_ids": list(range(100)), "sampling": {"max_tokens": 1}}
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def measure(kind: str, url: str, n: int, conc: int) -> dict[str, Any]:
+    if kind == "httpcore":
+        pool = httpcore.AsyncConnectionPool(max_connections=conc, max_keepalive_connections=conc)
+        data = json.dumps(BODY).encode()
+
+        async def one() -> None:
+            resp = await pool.request("POST", url, content=data,
+                                      headers=[(b"Content-Type", b"application/json")])
+            json.loads(resp.content)
+    else:
+        peer = AsyncPeer()
+
+        async def one() -> None:
+            (await peer.call(url, BODY)).body  # noqa: B018
+    for _ in range(100):
+        await one()
+    sem = asyncio.Semaphore(conc)
+
+    async def limited() -> None:
+        async with sem:
+            await one()
+    c0, t0 = cpu(), time.perf_counter()
+    await asyncio.gather(*(limited() for _ in range(n)))
+    used, took = cpu() - c0, time.perf_counter() - t0
+    await (pool.aclose() if kind == "httpcore" else peer.close())
+    return {"client": kind, "cpu_us_per_request": round(used / n * 1e6, 1),
+            "requests_per_s": round(n / took, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    a = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("the test server did not start") from None
+                time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/v1/prefill"
+        rows = [asyncio.run(measure(kind, url, a.requests, a.concurrency))
+                for kind in ("httpcore", "aiohttp", "httpcore", "aiohttp")]
+    finally:
+        server.terminate()
+        server.wait(10)
+    print(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
