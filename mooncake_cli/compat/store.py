@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -63,8 +62,6 @@ class MooncakeDistributedStore:
         self._hostname = ""
         self._buffer = 0  # local_buffer_size
         self._buffers: dict[int, tuple[Region | None, memoryview]] = {}
-        self._scratch = bytearray()  # tensor puts serialise here (tensor_api.py)
-        self._scratch_lock = threading.Lock()
 
     @classmethod
     def over(cls, client: Any, local_buffer_size: int = 1 << 40) -> MooncakeDistributedStore:

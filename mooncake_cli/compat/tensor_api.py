@@ -10,6 +10,7 @@ from typing import Any
 from mooncake_cli.compat import tensors
 from mooncake_cli.compat.codes import put_code
 from mooncake_cli.compat.types import native
+from mooncake_cli.store.client.replica_io import Gathered
 from mooncake_cli.store.errors import ErrorCode
 
 BAD, NO_HANDLE = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.NO_AVAILABLE_HANDLE)
@@ -17,24 +18,13 @@ BAD, NO_HANDLE = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.NO_AVAILABLE_HANDL
 
 def _put(store: Any, keys: list[str], parts: list[tuple[Any, Any, Any]], config: Any,
          upsert: bool) -> list[int]:
-    """Put host tensors (with their TP `whole` and `axis`), serialised into the store's scratch
-    buffer (reused: the store copies it out before the put returns)."""
+    """Put host tensors (with their TP `whole` and `axis`): each stored as its header followed
+    by its bytes, copied once into the segment (Gathered) with no packed copy in between."""
     if store._client is not None and store._buffer == 0:  # upstream: no local buffer, no handle
         return [NO_HANDLE] * len(keys)
-    with store._scratch_lock:
-        sizes = [tensors.packed_size(t) for t, _, _ in parts]
-        if len(store._scratch) < sum(sizes):
-            store._scratch = bytearray(sum(sizes))
-        view, blobs, at = memoryview(store._scratch), [], 0
-        for (t, whole, axis), n in zip(parts, sizes, strict=True):
-            blobs.append(tensors.pack_into(t, view[at:at + n], whole, axis))
-            at += n
-        try:
-            return store._run(lambda c: [put_code(e) for e in c.batch_put(
-                keys, blobs, native(config), upsert)], lambda e: [e] * len(keys))
-        finally:
-            blobs.clear()
-            view.release()
+    values = [Gathered([tensors.header(t, whole, axis), t]) for t, whole, axis in parts]
+    return store._run(lambda c: [put_code(e) for e in c.batch_put(
+        keys, values, native(config), upsert)], lambda e: [e] * len(keys))
 
 
 def _put_tensors(store: Any, keys: list[str], tensor_list: list[Any], config: Any = None,

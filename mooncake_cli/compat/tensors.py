@@ -18,7 +18,6 @@ cut into `tp_size` equal chunks along `split_dim` (its length must divide), stor
 
 from __future__ import annotations
 
-import ctypes
 import struct
 from typing import Any
 
@@ -79,30 +78,6 @@ def host(tensor: Any) -> Any:
     return (t if t.device.type == "cpu" else t.cpu()).contiguous()
 
 
-def packed_size(t: Any) -> int:
-    return HEADER + t.numel() * t.element_size()
-
-
-def pack_into(t: Any, out: memoryview, whole: tuple[int, ...] | None = None,
-              axis: tuple[int, int, int] | None = None) -> memoryview:
-    """Header and data of host tensor `t` written at the start of writable `out`; that part."""
-    n = packed_size(t)
-    out[:HEADER] = header(t, whole, axis)
-    if n > HEADER:  # one plain memcpy (torch's copy_ splits it over threads)
-        ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(out, HEADER)), t.data_ptr(),
-                       n - HEADER)
-    return out[:n]
-
-
-def to_bytes(tensor: Any, whole: tuple[int, ...] | None = None,
-             axis: tuple[int, int, int] | None = None) -> bytearray:
-    """Header and data of a CPU (or CUDA: copied to the host) tensor, in a new buffer."""
-    t = host(tensor)
-    out = bytearray(packed_size(t))
-    pack_into(t, memoryview(out), whole, axis)
-    return out
-
-
 def from_bytes(buf: bytearray | memoryview | bytes) -> Any:
     """The tensor in `buf` (sharing a bytearray's memory); TensorError when it is not one."""
     torch = _torch()
@@ -122,7 +97,7 @@ def from_bytes(buf: bytearray | memoryview | bytes) -> Any:
 
 def split(tensor: Any, tp_size: int, split_dim: int) -> list[Any]:
     """The `tp_size` shards of `tensor` along `split_dim` (host tensors, with their `whole` and
-    `axis` for `pack_into`); TensorError when the split is impossible (upstream:
+    `axis` for `header`); TensorError when the split is impossible (upstream:
     INVALID_PARAMS)."""
     torch = _torch()
     if not isinstance(tensor, torch.Tensor):

@@ -14,7 +14,13 @@ from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.replica_adds import Call
-from mooncake_cli.store.client.replica_io import FUSED, ReplicaIO, checksum, readable
+from mooncake_cli.store.client.replica_io import (
+    FUSED,
+    Gathered,
+    ReplicaIO,
+    checksum,
+    readable,
+)
 from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.wire import protocol as p
@@ -59,7 +65,9 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
                 sums[i] = csum or checksum(view)
         notes = [ledger.notes(k, rs, c or "", config)
                  for k, rs, c in zip(keys, placed, sums, strict=True)] if ha else ()
-        written = io.write_batch(views, rest, notes)  # remote writes in one batch
+        flat = [v.joined() if isinstance(v, Gathered) and rs else v
+                for v, rs in zip(views, rest, strict=True)]
+        written = io.write_batch(flat, rest, notes)  # remote writes in one batch
     except MooncakeError as e:  # the engine failed before any answer: none was written
         written = [TransferFailed(f"writing the batch: {e}")] * len(views)
     done: list[tuple[int, str, str, Replica | None]] = []

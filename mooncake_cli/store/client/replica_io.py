@@ -43,12 +43,38 @@ BLOCK = 256 << 10  # bytes copied, then hashed, at a time (copy_hashed)
 FUSED = 64 << 10  # values from this size are hashed as they are copied into the own segment
 
 
+class Gathered:
+    """A value to put made of several buffers one after the other (a tensor's header and its
+    data): stored as their concatenation, which is only built for a remote write."""
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        self.parts = [readable(part) for part in parts]
+        self._n = sum(len(part) for part in self.parts)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def joined(self) -> memoryview:
+        return memoryview(b"".join(self.parts))
+
+
+Value = memoryview | Gathered  # what `readable` gives
+
+
 def checksum(view: Any) -> str:
+    if isinstance(view, Gathered):
+        h = xxhash.xxh3_64()
+        for part in view.parts:
+            h.update(part)
+        return h.hexdigest()
     return xxhash.xxh3_64_hexdigest(view)
 
 
-def readable(data: Any) -> memoryview:
-    """A flat byte view of a value to put: bytes-like, numpy array or CPU tensor."""
+def readable(data: Any) -> Any:
+    """A flat byte view of a value to put: bytes-like, numpy array or CPU tensor (a Gathered
+    value as it is)."""
+    if isinstance(data, Gathered):
+        return data
     if type(data).__module__.startswith("torch"):
         return host_view(data.detach().contiguous())[0]
     try:
@@ -65,20 +91,24 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
 
 
-def copy_hashed(dest: memoryview, src: memoryview) -> str:
-    """Copy `src` into the start of `dest`; its checksum. Copied and hashed BLOCK bytes at a
-    time, so the hash reads what the copy just left in the cache instead of going to memory a
-    second time; the copies run without the GIL (ctypes.memmove), so concurrent ones copy side
-    by side."""
-    n = len(src)
-    if n > len(dest):
-        raise BufferOverflow(f"{n} bytes do not fit a buffer of {len(dest)}")
-    to, frm = _address(dest), _address(src)
+def copy_hashed(dest: memoryview, src: memoryview | Gathered) -> str:
+    """Copy `src` (or each part of it, one after the other) into the start of `dest`; its
+    checksum. Copied and hashed BLOCK bytes at a time, so the hash reads what the copy just
+    left in the cache instead of going to memory a second time; the copies run without the GIL
+    (ctypes.memmove), so concurrent ones copy side by side."""
+    parts = src.parts if isinstance(src, Gathered) else [src]
+    if len(src) > len(dest):
+        raise BufferOverflow(f"{len(src)} bytes do not fit a buffer of {len(dest)}")
     h = xxhash.xxh3_64()
-    for off in range(0, n, BLOCK):
-        end = min(n, off + BLOCK)
-        ctypes.memmove(to + off, frm + off, end - off)
-        h.update(dest[off:end])
+    at = 0
+    for part in parts:
+        n = len(part)
+        to, frm = _address(dest[at:at + n]), _address(part)
+        for off in range(0, n, BLOCK):
+            end = min(n, off + BLOCK)
+            ctypes.memmove(to + off, frm + off, end - off)
+            h.update(dest[at + off:at + end])
+        at += n
     return h.hexdigest()
 
 
@@ -124,7 +154,7 @@ class ReplicaIO:
             return None
         return region.view[start:start + r.size]
 
-    def write_hashed(self, view: memoryview,
+    def write_hashed(self, view: memoryview | Gathered,
                      replicas: Sequence[Replica]) -> tuple[str | None, list[Replica]]:
         """Copy `view` into the first of `replicas` in this client's own region while hashing
         it: (its checksum, the replicas left to write); (None, all of them) when none is
