@@ -10,7 +10,7 @@ from typing import Any
 from mooncake_cli.compat import tensors
 from mooncake_cli.compat.codes import put_code
 from mooncake_cli.compat.types import native
-from mooncake_cli.store.client.replica_io import Gathered
+from mooncake_cli.store.client.values import Gathered
 from mooncake_cli.store.errors import ErrorCode
 
 BAD, NO_HANDLE = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.NO_AVAILABLE_HANDLE)

@@ -14,13 +14,8 @@ from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.replica_adds import Call
-from mooncake_cli.store.client.replica_io import (
-    FUSED,
-    Gathered,
-    ReplicaIO,
-    checksum,
-    readable,
-)
+from mooncake_cli.store.client.replica_io import ReplicaIO
+from mooncake_cli.store.client.values import FUSED, Gathered, checksum, readable
 from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.wire import protocol as p

@@ -17,7 +17,8 @@ from typing import Any
 
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store.client.holdings import Holdings
-from mooncake_cli.store.client.replica_io import ReplicaIO, checksum, readable
+from mooncake_cli.store.client.replica_io import ReplicaIO
+from mooncake_cli.store.client.values import checksum, readable
 from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
 from mooncake_cli.store.records import Replica
 from mooncake_cli.store.wire import protocol as p

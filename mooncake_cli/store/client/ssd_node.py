@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from mooncake_cli.store.client.holdings import Holdings
-from mooncake_cli.store.client.replica_io import checksum
+from mooncake_cli.store.client.values import checksum
 from mooncake_cli.store.errors import (
     InvalidParams,
     InvalidReplica,

@@ -30,8 +30,9 @@ from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.client.memory import allocate_dram
 from mooncake_cli.store.client.replica_adds import add_replicas
-from mooncake_cli.store.client.replica_io import FUSED, ReplicaIO, checksum, readable
+from mooncake_cli.store.client.replica_io import ReplicaIO
 from mooncake_cli.store.client.ssd_node import SsdNode
+from mooncake_cli.store.client.values import FUSED, checksum, readable
 from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError, TransferFailed
 from mooncake_cli.store.ha.leader import LeaderInfo, is_ha
 from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, Segment, StoreStats

@@ -1,0 +1,94 @@
+"""Values to put and the copies that verify them: a caller's value as a flat byte view
+(`readable`; a `Gathered` one stays in its parts), its xxh3_64 checksum, and copies that hash
+as they go (`copy_hashed`, `copy_checked`), BLOCK bytes at a time without the GIL."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from mooncake_cli.store.errors import BufferOverflow, InvalidParams
+from mooncake_cli.transfer.segment import host_view
+
+BLOCK = 256 << 10  # bytes copied, then hashed, at a time (copy_hashed)
+FUSED = 64 << 10  # values from this size are hashed as they are copied into the own segment
+
+
+class Gathered:
+    """A value to put made of several buffers one after the other (a tensor's header and its
+    data): stored as their concatenation, which is only built for a remote write."""
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        self.parts = [readable(part) for part in parts]
+        self._n = sum(len(part) for part in self.parts)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def joined(self) -> memoryview:
+        return memoryview(b"".join(self.parts))
+
+
+def checksum(view: Any) -> str:
+    if isinstance(view, Gathered):
+        h = xxhash.xxh3_64()
+        for part in view.parts:
+            h.update(part)
+        return h.hexdigest()
+    return xxhash.xxh3_64_hexdigest(view)
+
+
+def readable(data: Any) -> Any:
+    """A flat byte view of a value to put: bytes-like, numpy array or CPU tensor (a Gathered
+    value as it is)."""
+    if isinstance(data, Gathered):
+        return data
+    if type(data).__module__.startswith("torch"):
+        return host_view(data.detach().contiguous())[0]
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise InvalidParams(f"cannot store a {type(data).__name__}: not a buffer") from None
+    if not view.c_contiguous:
+        raise InvalidParams("value must be a C-contiguous buffer")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def address(view: memoryview) -> int:
+    """Where `view`'s bytes start (read-only views included)."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
+
+
+def copy_hashed(dest: memoryview, src: memoryview | Gathered) -> str:
+    """Copy `src` (or each part of it, one after the other) into the start of `dest`; its
+    checksum. Copied and hashed BLOCK bytes at a time, so the hash reads what the copy just
+    left in the cache instead of going to memory a second time; the copies run without the GIL
+    (ctypes.memmove), so concurrent ones copy side by side."""
+    parts = src.parts if isinstance(src, Gathered) else [src]
+    if len(src) > len(dest):
+        raise BufferOverflow(f"{len(src)} bytes do not fit a buffer of {len(dest)}")
+    h = xxhash.xxh3_64()
+    at = 0
+    for part in parts:
+        n = len(part)
+        to, frm = address(dest[at:at + n]), address(part)
+        for off in range(0, n, BLOCK):
+            end = min(n, off + BLOCK)
+            ctypes.memmove(to + off, frm + off, end - off)
+            h.update(dest[at + off:at + end])
+        at += n
+    return h.hexdigest()
+
+
+def copy_checked(dest: memoryview, src: memoryview, want: str | None) -> bool:
+    """Copy `src` into the start of `dest`; whether the copy matches checksum `want` (None:
+    not checked), as `copy_hashed`."""
+    if want is None:
+        if len(src):
+            ctypes.memmove(address(dest), address(src), len(src))
+        return True
+    return copy_hashed(dest, src) == want
