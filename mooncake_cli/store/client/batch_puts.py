@@ -15,7 +15,7 @@ from mooncake_cli.store import ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.replica_adds import Call
 from mooncake_cli.store.client.replica_io import ReplicaIO
-from mooncake_cli.store.client.values import FUSED, Gathered, checksum, readable
+from mooncake_cli.store.client.values import Gathered, checksum, readable
 from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.wire import protocol as p
@@ -32,30 +32,20 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
         raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
     views = [readable(v) for v in values]
     sums: list[str | None] = [checksum(v) for v in views] if ha else []  # else: below
-    # without HA: hashed while the master works, or (from FUSED bytes, with a segment of our
-    # own) as each is copied into that segment
-    fuse = not ha and io.region is not None
-    later = [fuse and len(v) >= FUSED for v in views]
+    later = [io.fuses(v, ha) for v in views]  # hashed as copied into our segment, else while
+    # the master works
 
     def meanwhile() -> None:
         sums.extend(None if lt else checksum(v) for v, lt in zip(views, later, strict=True))
     starts = call(p.BatchPutStart(list(keys), [len(v) for v in views], config, upsert=upsert,
                                   checksums=sums or None, notes=ha),  # type: ignore[arg-type]
                   list[p.Reply], None if sums else meanwhile)
-    out: list[StoreError | None] = []
-    placed: list[list[Replica]] = []
-    for item in starts:
-        try:
-            placed.append(p.result(item, list[Replica]))
-            out.append(None)
-        except StoreError as e:
-            placed.append([])
-            out.append(e)
+    placed, out = p.results(starts, list[Replica], [])
     written: list[StoreError | None]
     try:
         rest = list(placed)
         for i, (view, lt) in enumerate(zip(views, later, strict=True)):
-            if lt:
+            if lt and out[i] is None:
                 csum, rest[i] = io.write_hashed(view, placed[i])
                 sums[i] = csum or checksum(view)
         notes = [ledger.notes(k, rs, c or "", config)
@@ -75,7 +65,9 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
             revoke.append(key)
             continue
         own = [r for r in replicas if r.segment == io.engine.name]
-        done.append((i, key, sums[i] or checksum(views[i]), own[0] if own else None))
+        csum = sums[i]
+        assert csum is not None  # every started put was hashed above
+        done.append((i, key, csum, own[0] if own else None))
     if revoke:
         _revoke(call, revoke)
     if done:

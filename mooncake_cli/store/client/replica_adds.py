@@ -46,15 +46,8 @@ def add_replicas(call: Call, io: ReplicaIO, holdings: Holdings, own: str | None,
     sums: list[str] = []  # computed while the master allocates
     starts = call(p.BatchAddReplicaStart(list(keys), segment, [len(v) for v in views]),
                   list[p.Reply], lambda: sums.extend(checksum(v) for v in views))
-    out: list[StoreError | None] = []
-    placed: list[list[Replica]] = []
-    for item in starts:
-        try:
-            placed.append([p.result(item, Replica)])
-            out.append(None)
-        except StoreError as e:
-            placed.append([])
-            out.append(e)
+    got, out = p.results(starts, Replica)
+    placed: list[list[Replica]] = [[r] if r is not None else [] for r in got]
     written: list[StoreError | None]
     try:
         written = io.write_batch(views, placed)

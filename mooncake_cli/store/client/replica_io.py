@@ -68,6 +68,12 @@ class ReplicaIO:
             return None
         return region.view[start:start + r.size]
 
+    def fuses(self, view: memoryview | Gathered, ha: bool) -> bool:
+        """Whether a put of `view` hashes it as it copies it into this client's own region
+        (`write_hashed`) instead of beforehand: from FUSED bytes, with a region, without HA
+        (whose checksums go with the put start)."""
+        return not ha and self.region is not None and len(view) >= FUSED
+
     def write_hashed(self, view: memoryview | Gathered,
                      replicas: Sequence[Replica]) -> tuple[str | None, list[Replica]]:
         """Copy `view` into the first of `replicas` in this client's own region while hashing
@@ -75,7 +81,7 @@ class ReplicaIO:
         there (one pass over the bytes instead of a hash and then a copy)."""
         for j, r in enumerate(replicas):
             local = self.local_view(r)
-            if local is not None and len(view) >= FUSED:
+            if local is not None:
                 return copy_hashed(local, view), [*replicas[:j], *replicas[j + 1:]]
         return None, list(replicas)
 

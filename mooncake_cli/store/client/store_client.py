@@ -32,7 +32,7 @@ from mooncake_cli.store.client.memory import allocate_dram
 from mooncake_cli.store.client.replica_adds import add_replicas
 from mooncake_cli.store.client.replica_io import ReplicaIO
 from mooncake_cli.store.client.ssd_node import SsdNode
-from mooncake_cli.store.client.values import FUSED, checksum, readable
+from mooncake_cli.store.client.values import checksum, readable
 from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError, TransferFailed
 from mooncake_cli.store.ha.leader import LeaderInfo, is_ha
 from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, Segment, StoreStats
@@ -139,7 +139,7 @@ class StoreClient:
         `upsert`, replacing the object of that key if there is one)."""
         view = readable(data)
         sums: list[str] = [checksum(view)] if self._ha else []  # else while the master works
-        fused = self._fuses(view)  # or as it is copied into our segment
+        fused = self.io.fuses(view, self._ha)  # or as it is copied into our segment
         replicas = self._call(p.PutStart(key, len(view), config, upsert=upsert,
                                          checksum=sums[0] if sums else None, notes=self._ha),
                               list[Replica],
@@ -160,11 +160,6 @@ class StoreClient:
         own = [r for r in replicas if r.segment == self.engine.name]
         if own:
             self.holdings.add(key, own[0], csum, config)
-
-    def _fuses(self, view: memoryview) -> bool:
-        """Whether a put of `view` hashes it while copying it into this client's segment
-        (not with HA: the checksums go with the put start there)."""
-        return not self._ha and self.region is not None and len(view) >= FUSED
 
     def batch_put(self, keys: Sequence[str], values: Sequence[Any],
                   config: ReplicateConfig | None = None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Sequence
 from typing import Annotated, Any, Union
 
 import msgspec
@@ -390,6 +391,21 @@ def result(reply: Reply, kind: Any) -> Any:
         return msgspec.msgpack.decode(reply.result, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise StoreError(f"unexpected result from the master: {e}", ErrorCode.RPC_FAIL) from None
+
+
+def results(replies: Sequence[Reply], kind: Any,
+            failed: Any = None) -> tuple[list[Any], list[StoreError | None]]:
+    """Per reply of a batch: its value as `kind` and None, or `failed` and its StoreError."""
+    values: list[Any] = []
+    errors: list[StoreError | None] = []
+    for reply in replies:
+        try:
+            values.append(result(reply, kind))
+            errors.append(None)
+        except StoreError as e:
+            values.append(failed)
+            errors.append(e)
+    return values, errors
 
 
 def mac(secret: bytes, body: bytes) -> bytes:
