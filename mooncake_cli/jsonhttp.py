@@ -16,6 +16,7 @@ reached or breaks off raises OSError; a non-2xx event stream raises `PeerError`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import threading
@@ -82,8 +83,9 @@ def _extensions(seconds: float) -> dict[str, Any]:
 Body = dict[str, Any] | bytes | None  # a JSON object, or one already encoded
 
 
-def _request(url: str, body: Body, method: str | None,
-             seconds: float, auth: Signer | None = None) -> dict[str, Any]:
+def _prepare(url: str, body: Body, method: str | None,
+             auth: Signer | None) -> tuple[str, bytes | None, list[tuple[bytes, bytes]]]:
+    """A request's method, body bytes and headers (signed with `auth` when given)."""
     split(url)
     verb = method or ("POST" if body is not None else "GET")
     content = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
@@ -92,8 +94,22 @@ def _request(url: str, body: Body, method: str | None,
         parts = urllib.parse.urlsplit(url)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers = [*headers, auth.header(verb, path, content or b"")]
+    return verb, content, headers
+
+
+def _request(url: str, body: Body, method: str | None,
+             seconds: float, auth: Signer | None = None) -> dict[str, Any]:
+    """httpcore's arguments for the request."""
+    verb, content, headers = _prepare(url, body, method, auth)
     return {"method": verb, "url": url, "content": content, "headers": headers,
             "extensions": _extensions(seconds)}
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    """aiohttp's form of the same timeouts (as `_extensions`)."""
+    return aiohttp.ClientTimeout(total=None, connect=min(POOL_TIMEOUT, seconds),
+                                 sock_connect=min(CONNECT_TIMEOUT, seconds), sock_read=seconds)
 
 
 def _answer(status: int, data: bytes, headers: Mapping[str, str] | httpx.Headers) -> Answer:
@@ -225,13 +241,10 @@ class AsyncPeer:
         return self._session
 
     def _send(self, url: str, body: Body, method: str | None, seconds: float) -> Any:
-        req = _request(url, body, method, seconds, self.auth)
-        headers = {k.decode(): v.decode() for k, v in req["headers"]}
-        timeout = aiohttp.ClientTimeout(total=None, connect=min(POOL_TIMEOUT, seconds),
-                                        sock_connect=min(CONNECT_TIMEOUT, seconds),
-                                        sock_read=seconds)
-        return self._client().request(req["method"], url, data=req["content"],
-                                      headers=headers, timeout=timeout)
+        verb, content, headers = _prepare(url, body, method, self.auth)
+        return self._client().request(verb, url, data=content,
+                                      headers={k.decode(): v.decode() for k, v in headers},
+                                      timeout=_client_timeout(seconds))
 
     async def call(self, url: str, body: Body = None, timeout_s: float = 30.0,
                    method: str | None = None) -> Answer:
