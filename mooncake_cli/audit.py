@@ -3,10 +3,13 @@
     log = AuditLog.open("audit.jsonl", "conductor")     # None for no file
     log.record("register", peer="127.0.0.1:5123", status=200, name="prefill-0")
 
-Every line has `ts` (Unix seconds), `role` and `event`; the HTTP edge adds `method`, `path`,
+Every line has `ts` (Unix seconds, when the line is written: the end of the request), `role`
+and `event`; the HTTP edge adds `method`, `path`,
 `peer`, `status`, `duration_s`, `bytes_in` and `bytes_out`, and the route what it knows
 (request id, worker name, KV blocks and bytes). Refused accesses are `event: "refused"`.
-Each line is one append (O_APPEND), so the roles of a `--local` cluster share one file.
+Each line is one append (O_APPEND), so the roles of a `--local` cluster share one file. Roles
+that finish together may append in either order: `ts - duration_s` (when each request began)
+orders one request's lines causally.
 """
 
 from __future__ import annotations
