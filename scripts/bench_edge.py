@@ -147,7 +147,7 @@ def cpu_per_request(port: int, pid: int, clients: int, seconds: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--old", type=Path, required=True, help="checkout of the old stack")
+    ap.add_argument("--old", type=Path, help="checkout of the old stack (for --stacks old)")
     ap.add_argument("--clients", type=int, default=2000)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--idle", type=int, default=10000)
@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("load", "cpu"), help="one part only")
     ap.add_argument("--stacks", default="old,new", help="which of old,new to measure")
     a = ap.parse_args()
+    if "old" in a.stacks.split(",") and a.old is None:
+        ap.error("--old CHECKOUT is needed to measure the old stack (or --stacks new)")
     cfg = Path(tempfile.mkdtemp()) / "edge.toml"  # room for every client: measure HTTP, not 429
     cfg.write_text("[prefill]\nmax_waiting = 100000\nkv_blocks = 8192\n"
                    "[decode]\nmax_waiting = 100000\nkv_blocks = 8192\n")
@@ -179,7 +181,7 @@ def main() -> None:
 
 
 def stacks(a: argparse.Namespace) -> list[tuple[str, Path]]:
-    roots = {"old": a.old.resolve(), "new": HERE}
+    roots = {"old": a.old.resolve() if a.old else HERE, "new": HERE}
     return [(label, roots[label]) for label in a.stacks.split(",")]
 
 
