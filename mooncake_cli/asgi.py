@@ -10,7 +10,7 @@ it becomes a status code and an OpenAI-style error body. Bounds: bodies over `ma
 (413, chunked ones too) or slower than `body_timeout` (408), request headers not complete within
 `header_timeout` and connections idle for `idle_timeout` (closed; beyond half of
 `max_connections` waiting for headers at once, the longest waiting), headers over `max_header`
-bytes (400), at most `max_connections` at once (503 beyond) and at most `body_budget` bytes
+bytes (431), at most `max_connections` at once (503 beyond) and at most `body_budget` bytes
 of bodies being read at once, over all connections (503 beyond). Malformed
 JSON, deep nesting and lone surrogates are 400 (see `mooncake_cli.api.schema`); nothing a
 client sends is a 500.
@@ -194,10 +194,10 @@ class Server:
         self.host, self.port = str(host), int(self._sock.getsockname()[1])
         config = uvicorn.Config(
             app, lifespan="off", log_level="warning", access_log=False, proxy_headers=False,
-            http=bounded_protocol(limits.header_timeout, max(1, limits.max_connections // 2)),
+            http=bounded_protocol(limits.header_timeout, max(1, limits.max_connections // 2),
+                                  limits.max_header),
             loop="asyncio",
             timeout_keep_alive=int(max(1, limits.idle_timeout)),
-            h11_max_incomplete_event_size=limits.max_header,
             limit_concurrency=limits.max_connections, backlog=2048,
             timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)

@@ -1,29 +1,36 @@
-"""uvicorn's h11 protocol with the connection bounds of `mooncake_cli.asgi.Server`: request
-headers within a deadline, and at most so many connections waiting for them at once."""
+"""uvicorn's httptools protocol (llhttp, a C parser) with the connection bounds of
+`mooncake_cli.asgi.Server`: request headers within a deadline and a size, and at most so many
+connections waiting for them at once."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+_TOO_LARGE_BODY = b"request headers are too large\n"
+TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+             b"content-type: text/plain; charset=utf-8\r\n"
+             b"content-length: %d\r\nconnection: close\r\n\r\n" % len(_TOO_LARGE_BODY)
+             + _TOO_LARGE_BODY)
 
-def bounded_protocol(header_timeout: float, max_waiting: int,
-                     header_budget: int = 32 << 20) -> type[H11Protocol]:
-    waiting: OrderedDict[H11Protocol, None] = OrderedDict()  # this server's, oldest first
+def bounded_protocol(header_timeout: float, max_waiting: int, max_header: int = 64 << 10,
+                     header_budget: int = 32 << 20) -> type[HttpToolsProtocol]:
+    waiting: OrderedDict[HttpToolsProtocol, None] = OrderedDict()  # this server's, oldest first
     held = [0]  # bytes received by connections whose request headers are not complete yet
 
-    class Bounded(H11Protocol):
-        """uvicorn's h11 protocol, closing connections whose request headers do not arrive
-        within `header_timeout` of connecting or of the last answer (idle ones too), and the
-        longest waiting one when more than `max_waiting` wait for request headers at once
-        (idle sockets cannot fill the server: requests keep room), and one whose unfinished
-        headers would take the bytes held that way over `header_budget` (all connections)."""
+    class Bounded(HttpToolsProtocol):
+        """uvicorn's httptools protocol, closing connections whose request headers do not
+        arrive within `header_timeout` of connecting or of the last answer (idle ones too), and
+        the longest waiting one when more than `max_waiting` wait for request headers at once
+        (idle sockets cannot fill the server: requests keep room); refusing (431) headers over
+        `max_header` bytes, and closing one whose unfinished headers would take the bytes held
+        that way over `header_budget` (all connections)."""
 
         _deadline: asyncio.TimerHandle | None = None
-        _held = 0
+        _held = 0  # bytes received since the last request's headers were complete
+        _heads = True  # what arrives now is (or begins) request headers, not a body
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -41,22 +48,31 @@ def bounded_protocol(header_timeout: float, max_waiting: int,
                     oldest._expire()
 
         def _expire(self) -> None:
-            idle = self.cycle is None or self.cycle.response_complete
-            if idle and self.conn.their_state is h11.IDLE and \
-                    not self.transport.is_closing():
+            idle = (self.cycle is None or self.cycle.response_complete) and not self.pipeline
+            if idle and self._heads and not self.transport.is_closing():
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
-            if self in waiting:
+            if self._heads:
                 self._held += len(data)
                 held[0] += len(data)
                 if held[0] > header_budget:
                     self.transport.close()
                     return
             super().data_received(data)
-            if self.cycle is not None and not self.cycle.response_complete:
-                waiting.pop(self, None)  # a request is under way
-                self._release()
+            if self._heads and self._held > max_header and not self.transport.is_closing():
+                self.transport.write(TOO_LARGE)
+                self.transport.close()
+
+        def on_headers_complete(self) -> None:
+            self._heads = False
+            waiting.pop(self, None)  # a request is under way
+            self._release()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._heads = True  # a pipelined request's headers may follow
 
         def _release(self) -> None:
             held[0] -= self._held
@@ -64,7 +80,8 @@ def bounded_protocol(header_timeout: float, max_waiting: int,
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm()
+            if not self.transport.is_closing():
+                self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._deadline is not None:
