@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -161,3 +162,21 @@ def test_master_on_a_busy_port_fails_cleanly(cluster: str) -> None:
 
 def test_serve_needs_a_positive_segment_size() -> None:
     one_line_error(mooncake("store", "serve", "--segment-size", "0"), 2, "segment-size")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("cmd", [("mooncake_cli", "--json", "store", "master"),
+                                 ("mooncake_cli.store.service",)])
+def test_a_burst_of_signals_stops_a_server_cleanly(cmd: tuple[str, ...], signum: int) -> None:
+    """`kill` and a wrapper forwarding it (timeout, a shell, Ctrl-C pressed twice) send two
+    at once: a handler that took a lock deadlocked on the one it interrupted."""
+    master = Proc([sys.executable, "-m", *cmd, "--port", str(free_port())])
+    try:
+        for _ in range(300):
+            try:
+                os.kill(master.proc.pid, signum)
+            except ProcessLookupError:  # gone already
+                break
+        assert master.proc.wait(20) == 0
+    finally:
+        master.kill()

@@ -18,13 +18,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import IO, Any
 
 from mooncake_cli.bench.stats import Child, Progress, Result, await_line, emit
 from mooncake_cli.bench.store_workload import Row, run_row
 from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.signals import StopFlag
 
 QUIET = {"GLOG_minloglevel": "2"}
 MODULE = "mooncake_cli.bench.store_upstream"
@@ -206,7 +206,7 @@ class _Upstream:
 
 
 def _serve(role: str, job: dict[str, Any]) -> None:
-    stop = threading.Event()
+    stop = StopFlag()  # set by the handler without a lock (see mooncake_cli.signals)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     store = _Upstream(job["master"], int(job["segment"]), int(job["buffer"]))
     emit({"event": "ready", "segment": store.s.get_hostname()})

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -16,6 +12,7 @@ from mooncake_cli.auth import resolve_secret
 from mooncake_cli.config import TransferConfig, load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
+from mooncake_cli.signals import StopFlag, stop_signals
 
 HOST = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1].")
 PORT = typer.Option(None, "--port", help="Listen port [default: 0, any free port].")
@@ -45,30 +42,13 @@ def cluster_config(out: Out, secret: str | None, secret_file: str | None) -> Tra
     return dataclasses.replace(tcfg, secret=resolve_secret(secret, secret_file) or tcfg.secret)
 
 
-@contextmanager
-def stop_signals() -> Iterator[threading.Event]:
-    """An event set by Ctrl-C or SIGTERM, armed before a server announces it is ready, so a
-    signal that follows the announcement at once still stops it cleanly."""
-    stop = threading.Event()
-
-    def handler(*_: object) -> None:
-        stop.set()
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-def wait_for_signal(stop: threading.Event | None = None) -> None:
+def wait_for_signal(stop: StopFlag | None = None) -> None:
     """Block until `stop` is set (by `stop_signals`), or until Ctrl-C or SIGTERM."""
     if stop is None:
         with stop_signals() as stop:
             wait_for_signal(stop)
         return
-    while not stop.wait(0.5):
+    while not stop.wait(3600):
         pass
 
 

@@ -29,6 +29,7 @@ from types import FrameType
 import zmq
 
 from mooncake_cli.interfaces import MooncakeError
+from mooncake_cli.signals import StopFlag
 from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.ha.acks import Acks, Pending
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     except MooncakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    stop = threading.Event()
+    stop = StopFlag()  # set by the handler without a lock (see mooncake_cli.signals)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
