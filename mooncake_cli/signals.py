@@ -27,9 +27,6 @@ class StopFlag:
     def set(self) -> None:
         self._set = True
 
-    def is_set(self) -> bool:
-        return self._set
-
     def wait(self, timeout: float) -> bool:
         """Whether it is set, once it is or after `timeout` seconds."""
         end = time.monotonic() + timeout
@@ -39,15 +36,16 @@ class StopFlag:
 
 
 @contextmanager
-def stop_signals() -> Iterator[StopFlag]:
-    """A flag set by Ctrl-C or SIGTERM, armed before a server announces it is ready, so a
-    signal that follows the announcement at once still stops it cleanly."""
+def stop_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
+                 ) -> Iterator[StopFlag]:
+    """A flag set by `signums` (Ctrl-C or SIGTERM), armed before a server announces it is
+    ready, so a signal that follows the announcement at once still stops it cleanly."""
     stop = StopFlag()
 
     def handler(*_: object) -> None:
         stop.set()
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, handler) for s in signums}
     try:
         yield stop
     finally:

@@ -24,7 +24,7 @@ from typing import IO, Any
 from mooncake_cli.bench.stats import Child, Progress, Result, await_line, emit
 from mooncake_cli.bench.store_workload import Row, run_row
 from mooncake_cli.interfaces import MooncakeError
-from mooncake_cli.signals import StopFlag
+from mooncake_cli.signals import stop_signals
 
 QUIET = {"GLOG_minloglevel": "2"}
 MODULE = "mooncake_cli.bench.store_upstream"
@@ -206,20 +206,19 @@ class _Upstream:
 
 
 def _serve(role: str, job: dict[str, Any]) -> None:
-    stop = StopFlag()  # set by the handler without a lock (see mooncake_cli.signals)
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    store = _Upstream(job["master"], int(job["segment"]), int(job["buffer"]))
-    emit({"event": "ready", "segment": store.s.get_hostname()})
-    try:
-        if role == "holder":
-            while not stop.wait(0.2):
-                pass
-            return
-        with open(job["jobs"]) as jobs:
-            for line in jobs:
-                _job(store, json.loads(line))
-    finally:  # unmount: a segment left mounted would take replicas it can no longer serve
-        store.s.close()
+    with stop_signals((signal.SIGTERM,)) as stop:
+        store = _Upstream(job["master"], int(job["segment"]), int(job["buffer"]))
+        emit({"event": "ready", "segment": store.s.get_hostname()})
+        try:
+            if role == "holder":
+                while not stop.wait(0.2):
+                    pass
+                return
+            with open(job["jobs"]) as jobs:
+                for line in jobs:
+                    _job(store, json.loads(line))
+        finally:  # unmount: a segment left mounted would take replicas it can no longer serve
+            store.s.close()
 
 
 def _job(store: _Upstream, w: dict[str, Any]) -> None:

@@ -19,17 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 
 import zmq
 
 from mooncake_cli.interfaces import MooncakeError
-from mooncake_cli.signals import StopFlag
+from mooncake_cli.signals import StopFlag, stop_signals
 from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.ha.acks import Acks, Pending
@@ -226,7 +224,6 @@ def truth(value: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     from mooncake_cli.config import load
-    from mooncake_cli.store.ha.election import HaMaster
 
     ap = argparse.ArgumentParser(prog="python -m mooncake_cli.store.service")
     ap.add_argument("--port", type=int)
@@ -254,13 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     except MooncakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    stop = StopFlag()  # set by the handler without a lock (see mooncake_cli.signals)
+    with stop_signals() as stop:
+        return _serve(cfg, master, stop)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+def _serve(cfg: StoreConfig, master: StoreMaster, stop: StopFlag) -> int:
+    """Serve `master` as `cfg` says until `stop` is set; the exit code."""
+    from mooncake_cli.store.ha.election import HaMaster
+
     try:
         service = MasterService(master, cfg.host, cfg.port, cfg.secret or None,
                                 metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port,
@@ -276,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         ready["ha"] = cfg.ha
     print(json.dumps(ready), flush=True)
     try:
-        while not stop.wait(0.5):
+        while not stop.wait(3600):
             pass
     finally:
         if ha is not None:
