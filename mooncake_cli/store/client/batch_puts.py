@@ -46,8 +46,7 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
         rest = list(placed)
         for i, (view, lt) in enumerate(zip(views, later, strict=True)):
             if lt and out[i] is None:
-                csum, rest[i] = io.write_hashed(view, placed[i])
-                sums[i] = csum or checksum(view)
+                sums[i], rest[i] = io.write_hashed(view, placed[i])
         notes = [ledger.notes(k, rs, c or "", config)
                  for k, rs, c in zip(keys, placed, sums, strict=True)] if ha else ()
         flat = [v.joined() if isinstance(v, Gathered) and rs else v

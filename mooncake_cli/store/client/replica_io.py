@@ -75,15 +75,15 @@ class ReplicaIO:
         return not ha and self.region is not None and len(view) >= FUSED
 
     def write_hashed(self, view: memoryview | Gathered,
-                     replicas: Sequence[Replica]) -> tuple[str | None, list[Replica]]:
+                     replicas: Sequence[Replica]) -> tuple[str, list[Replica]]:
         """Copy `view` into the first of `replicas` in this client's own region while hashing
-        it: (its checksum, the replicas left to write); (None, all of them) when none is
-        there (one pass over the bytes instead of a hash and then a copy)."""
+        it (one pass over the bytes instead of a hash and then a copy): its checksum and the
+        replicas left to write (all of them, hashed alone, when none is there)."""
         for j, r in enumerate(replicas):
             local = self.local_view(r)
             if local is not None:
                 return copy_hashed(local, view), [*replicas[:j], *replicas[j + 1:]]
-        return None, list(replicas)
+        return checksum(view), list(replicas)
 
     def near(self, r: Replica) -> memoryview | None:
         """The bytes of `r` as this process maps them: in its own region, or in a same-host

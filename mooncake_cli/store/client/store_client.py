@@ -148,7 +148,7 @@ class StoreClient:
             rest = replicas
             if fused:
                 csum, rest = self.io.write_hashed(view, replicas)
-                sums.append(csum or checksum(view))
+                sums.append(csum)
             csum = sums[0]
             self.io.write(view, rest, ledger.notes(key, replicas, csum, config))
         except MooncakeError as e:  # a StoreError, or the transfer engine's own
