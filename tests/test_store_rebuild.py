@@ -5,6 +5,7 @@ keys with replicas on two nodes, are served again, byte for byte and with every 
 
 from __future__ import annotations
 
+import gc
 import random
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectNotFound
 from mooncake_cli.store.holdings import Holdings
 from mooncake_cli.store.leader import LeaderInfo, LeaderResolver
-from mooncake_cli.store.records import Replica
+from mooncake_cli.store.records import Replica, ReplicaStatus
 from mooncake_cli.store.reports import MAX_REPORT, Held, HoldingsReport
 from tests.conftest import REPO, child_env, free_port, wait_for
 from tests.helpers.store_procs import Proc, start_ha_master, start_master, start_node
@@ -239,3 +240,34 @@ def test_an_ha_failover_serves_what_others_put_with_every_replica(
         wait_for(lambda: scene.served(reader), 15,
                  what="the keys to be served by the new leader, both replicas of 'two'")
         assert reader.leader() == second
+
+
+def test_holdings_keep_no_objects_the_garbage_collector_walks_and_give_back_whole_records(
+) -> None:
+    """A client holding many keys adds nothing to its process's full collections: each held
+    replica is a tuple of plain values, which CPython stops tracking; what `verified` hands
+    back for a re-mount is the whole record (checksum, config) as it was taken in."""
+    m = StoreMaster()
+    m.mount_segment(seg("A", "a"))
+    held = Holdings()
+    poll(m, "a", held)
+    put(m, "pinned", preferred_segment="A", hard_pin=True)
+    put(m, "plain", preferred_segment="A")
+    poll(m, "a", held)
+    own = Replica("A", 4096 * 7, 1000, host="127.0.0.1", checksum="ignored")
+    held.add("mine", own, xxhash.xxh3_64_hexdigest(content("mine")),
+             ReplicateConfig(replica_num=2, soft_pin=True))
+    gc.collect()
+    assert not any(gc.is_tracked(e) for e in held._held.values())
+    views = {(r.segment, r.offset): content(k) for k, r in
+             [("pinned", m.get_replica_list("pinned")[0]),
+              ("plain", m.get_replica_list("plain")[0]), ("mine", own)]}
+    got = {h.key: h for h in held.verified(lambda r: memoryview(views[(r.segment, r.offset)]))}
+    assert sorted(got) == ["mine", "pinned", "plain"]
+    assert got["pinned"].config == ReplicateConfig(preferred_segment="A", hard_pin=True)
+    assert got["plain"].config == ReplicateConfig(preferred_segment="A")
+    assert got["mine"].config == ReplicateConfig(replica_num=2, soft_pin=True)
+    assert got["mine"].replica == Replica("A", 4096 * 7, 1000, host="127.0.0.1",
+                                          checksum=xxhash.xxh3_64_hexdigest(content("mine")),
+                                          status=ReplicaStatus.COMPLETE)
+    assert all(h.replica.status is ReplicaStatus.COMPLETE for h in got.values())

@@ -148,7 +148,7 @@ def master(
         ha_master = HaMaster(service, cfg.ha, lambda: master_from(cfg),
                              on_change=changed) if cfg.ha else None
         try:
-            c.wait_for_signal(stop)
+            c.wait_for_signal(stop, settle_heap=True)
         finally:
             if ha_master is not None:
                 ha_master.close()
@@ -190,7 +190,7 @@ def serve(
                         ssd_dir=scfg.ssd_dir or None, ssd_size=scfg.ssd_size,
                         hugepages=scfg.hugepages) as client:
         out.event(*serve_ready(scfg, engine.name, client))
-        c.wait_for_signal(stop)
+        c.wait_for_signal(stop, settle_heap=True)
     out.event({"event": "stopped", "segment": engine.name}, "stopped; segment unmounted")
 
 

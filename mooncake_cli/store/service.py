@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import zmq
 
+from mooncake_cli.heap import wait_settling
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.signals import StopFlag, stop_signals
 from mooncake_cli.store.config import StoreConfig
@@ -274,8 +275,7 @@ def _serve(cfg: StoreConfig, master: StoreMaster, stop: StopFlag) -> int:
         ready["ha"] = cfg.ha
     print(json.dumps(ready), flush=True)
     try:
-        while not stop.wait(3600):
-            pass
+        wait_settling(stop)
     finally:
         if ha is not None:
             ha.close()

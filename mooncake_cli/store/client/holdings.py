@@ -6,6 +6,12 @@ clients completed in its segment, what was removed or evicted), applied in order
 acknowledged by sequence number. Only replicas whose bytes still match their checksum are
 offered again, so a stale entry (the key removed or evicted meanwhile, the space reused) can
 never bring back wrong bytes.
+
+A replica is kept as a tuple of plain values (its config as an index into the few distinct
+configs seen), not as its Held record: CPython stops tracking such tuples, so a client holding
+a million keys adds nothing to what each full garbage collection in its process walks (as
+records, four tracked objects per key made those collections pause the caller for hundreds of
+milliseconds).
 """
 
 from __future__ import annotations
@@ -15,33 +21,51 @@ from collections.abc import Callable
 
 import xxhash
 
-from mooncake_cli.store.records import Replica, ReplicaStatus, ReplicateConfig, evolve
+from mooncake_cli.store.records import Replica, ReplicaStatus, ReplicateConfig
 from mooncake_cli.store.reports import Held, HoldingsReport
 
 DEFAULT_CONFIG = ReplicateConfig()
+MAX_CONFIGS = 4096  # distinct configs kept by index; past them an entry holds its config
+# (segment, offset, size, tier, host, checksum, the config or its index in Holdings._configs)
+Entry = tuple[str, int, int, str, str, str | None, int | ReplicateConfig]
 
 
 class Holdings:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[str, Held] = {}
+        self._held: dict[str, Entry] = {}
+        self._configs: list[ReplicateConfig] = [DEFAULT_CONFIG]
+        self._config_at: dict[ReplicateConfig, int] = {DEFAULT_CONFIG: 0}
         self.epoch = ""  # the master's journal these holdings follow, and the last change applied
         self.ack = 0
         self.ledger = 0  # the put-ledger records at or below this seq are in the holdings
 
     def add(self, key: str, replica: Replica, checksum: str | None,
             config: ReplicateConfig | None = None) -> None:
-        r = evolve(replica, checksum=checksum, status=ReplicaStatus.COMPLETE, note_at=0,
-                   note_seq=0)
-        held = Held(key, r, config or DEFAULT_CONFIG)
         with self._lock:
-            self._held[key] = held
+            self._held[key] = self._entry(replica, checksum, config)
+
+    def _entry(self, r: Replica, checksum: str | None, config: ReplicateConfig | None) -> Entry:
+        """The lock held."""
+        config = config or DEFAULT_CONFIG
+        at: int | ReplicateConfig | None = self._config_at.get(config)
+        if at is None and len(self._configs) < MAX_CONFIGS:
+            at = self._config_at[config] = len(self._configs)
+            self._configs.append(config)
+        return (r.segment, r.offset, r.size, r.tier, r.host, checksum,
+                config if at is None else at)
+
+    def _record(self, key: str, e: Entry) -> Held:
+        r = Replica(e[0], e[1], e[2], e[3], e[4], e[5],  # type: ignore[arg-type]
+                    ReplicaStatus.COMPLETE)
+        at = e[6]
+        return Held(key, r, self._configs[at] if isinstance(at, int) else at)
 
     def discard(self, key: str, offset: int | None = None) -> None:
         """Forget `key` (only its replica at `offset` when given)."""
         with self._lock:
-            h = self._held.get(key)
-            if h is not None and (offset is None or h.replica.offset == offset):
+            e = self._held.get(key)
+            if e is not None and (offset is None or e[1] == offset):
                 del self._held[key]
 
     def apply(self, report: HoldingsReport) -> None:
@@ -52,17 +76,17 @@ class Holdings:
                 self.ledger = report.ledger
             self.ledger = max(self.ledger, report.ledger)
             for g in report.removed:
-                h = self._held.get(g.key)
-                if h is not None and h.replica.offset == g.offset:
+                e = self._held.get(g.key)
+                if e is not None and e[1] == g.offset:
                     del self._held[g.key]
             for h in report.added:
-                self._held[h.key] = h
+                self._held[h.key] = self._entry(h.replica, h.replica.checksum, h.config)
             self.epoch, self.ack = report.epoch, report.upto
 
     def verified(self, view: Callable[[Replica], memoryview | None]) -> list[Held]:
         """Every held replica whose bytes still match its checksum; the rest forgotten."""
         with self._lock:
-            items = list(self._held.values())
+            items = [self._record(k, e) for k, e in self._held.items()]
         good = []
         for h in items:
             v = view(h.replica)
