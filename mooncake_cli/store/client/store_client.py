@@ -281,12 +281,12 @@ class StoreClient:
         return bool(self._call(p.Exists(key), bool))
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool | StoreError]:
-        items = self._rpc.call(p.BatchExists(list(keys)), list[p.Reply])
+        items = self._call(p.BatchExists(list(keys)), list[p.Reply])
         return [self._value(item, bool) for item in items]
 
     def batch_describe(self, keys: Sequence[str]) -> list[ObjectMeta | StoreError]:
         """`describe` of each key in one request: its metadata, or the error it met."""
-        items = self._rpc.call(p.BatchDescribe(list(keys)), list[p.Reply])
+        items = self._call(p.BatchDescribe(list(keys)), list[p.Reply])
         return [self._value(item, ObjectMeta) for item in items]
 
     def size(self, key: str) -> int:
@@ -294,11 +294,11 @@ class StoreClient:
 
     def describe(self, key: str) -> ObjectMeta:
         """What the master knows of `key` (size, replicas); grants no lease, counts no access."""
-        meta: ObjectMeta = self._rpc.call(p.Describe(key), ObjectMeta)
+        meta: ObjectMeta = self._call(p.Describe(key), ObjectMeta)
         return meta
 
     def remove(self, key: str, force: bool = False) -> None:
-        self._rpc.call(p.Remove(key, force))
+        self._call(p.Remove(key, force))
         self.holdings.discard(key)
 
     def remove_all(self, force: bool = False) -> int:
