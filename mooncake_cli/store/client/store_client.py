@@ -232,11 +232,11 @@ class StoreClient:
         for i, (buf, item) in enumerate(zip(buffers, items, strict=True)):
             try:
                 todo.append((i, p.result(item, list[Replica]), host_view(buf)[0]))
-                self._count_ssd([todo[-1][1]])
             except ValueError as e:
                 out[i] = InvalidParams(f"cannot read into {type(buf).__name__}: {e}")
             except StoreError as e:
                 out[i] = e
+        self._count_ssd([rs for _, rs, _ in todo])
         got = read_into(self.io, [keys[i] for i, _, _ in todo], [rs for _, rs, _ in todo],
                         [d for _, _, d in todo], [buffers[i] for i, _, _ in todo])
         for (i, _, _), value in zip(todo, got, strict=True):
