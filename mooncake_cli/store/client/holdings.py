@@ -47,7 +47,8 @@ class Holdings:
 
     def _entry(self, r: Replica, checksum: str | None, config: ReplicateConfig | None) -> Entry:
         """The lock held."""
-        config = config or DEFAULT_CONFIG
+        if config is None or config is DEFAULT_CONFIG:
+            return (r.segment, r.offset, r.size, r.tier, r.host, checksum, 0)
         at: int | ReplicateConfig | None = self._config_at.get(config)
         if at is None and len(self._configs) < MAX_CONFIGS:
             at = self._config_at[config] = len(self._configs)
