@@ -6,9 +6,12 @@ one of them while the server answers nobody: at 480k keys (3.4M tracked objects)
 about 1.7 s here, and at 32k keys the automatic collections were a third of the master's CPU
 for 16-key batch puts. `settle()` collects the young generations, then freezes whatever
 survived (`gc.freeze`): frozen objects are still freed by reference counting when their last
-reference goes, but no collection scans them again. What that gives up: a reference cycle
-among frozen objects that later becomes garbage is not reclaimed; the store's records hold
-no cycles, and cyclic garbage still young at a settle is collected before the freeze.
+reference goes, but no collection scans them again. Cyclic garbage still young at a settle is
+collected before the freeze; a cycle among frozen objects that becomes garbage later (the
+store's records hold none) waits for the next full collection, which a settle runs once the
+frozen objects have doubled since the last one (and number at least FULL_FLOOR): like
+CPython's own rule for full passes (a quarter more long-lived objects), but rarer, and never
+while the heap merely stays the size it is.
 
 Only for a server process's own main loop (`mooncake store master`, `mooncake store serve`):
 freezing is process-wide, so a library never calls it in its caller's process.
@@ -21,12 +24,23 @@ import gc
 from mooncake_cli.signals import StopFlag
 
 SETTLE_EVERY_S = 1.0
+FULL_FLOOR = 4_000_000  # frozen objects (about 600k keys on a master) below which no full
+# collection runs: one over that many takes about 2 s here, so it waits for real growth
+_after_full = 0  # frozen objects after the last full collection
 
 
 def settle() -> None:
-    """Collect the young generations, then freeze every object still tracked."""
+    """Collect the young generations, then freeze every object still tracked; a full
+    collection first when the frozen objects have doubled since the last one."""
+    global _after_full
     gc.collect(1)
     gc.freeze()
+    frozen = gc.get_freeze_count()
+    if frozen > max(2 * _after_full, FULL_FLOOR):
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        _after_full = gc.get_freeze_count()
 
 
 def wait_settling(stop: StopFlag, every_s: float = SETTLE_EVERY_S) -> None:

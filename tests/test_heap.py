@@ -39,6 +39,26 @@ def test_settle_freezes_what_lives_and_collects_young_cycles_first(unfrozen: Non
     kept.clear()  # frozen objects are still freed by reference counting
 
 
+def test_a_cycle_frozen_while_alive_is_collected_once_the_frozen_objects_double(
+        unfrozen: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(heap, "_after_full", 0)
+    monkeypatch.setattr(heap, "FULL_FLOOR", 10**9)  # no full collection yet
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    dead = weakref.ref(a)
+    heap.settle()  # alive: frozen with the rest
+    del a, b
+    heap.settle()
+    assert dead() is not None, "a frozen cycle is not scanned by the young collections"
+    monkeypatch.setattr(heap, "FULL_FLOOR", 0)
+    heap.settle()  # the frozen objects more than doubled since the (never run) last full one
+    assert dead() is None
+    after = heap._after_full
+    assert after > 0
+    heap.settle()  # no growth since: no full collection, the count stays
+    assert heap._after_full == after
+
+
 def test_wait_settling_settles_until_the_server_is_told_to_stop(
         unfrozen: None, monkeypatch: pytest.MonkeyPatch) -> None:
     stop = StopFlag()
