@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,24 +24,18 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(keys: int, batch: int, size: int) -> dict[str, float | int]:
-    port = _free_port()
     master = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", "store", "master",
-                               "--port", str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL)
+                               "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         assert master.stdout is not None
-        if not master.stdout.readline():
+        line = master.stdout.readline()
+        if not line:
             raise RuntimeError("the store master did not start")
+        address = json.loads(line)["address"]
         segment = max(64 << 20, 2 * keys * max(size, 4096))
         with TransferEngine(TransferConfig(host="127.0.0.1"), Registry.from_env()) as engine, \
-                StoreClient(f"127.0.0.1:{port}", engine, segment) as client:
+                StoreClient(address, engine, segment) as client:
             values = [os.urandom(size)] * batch
             lat: list[float] = []
             began = time.perf_counter()
