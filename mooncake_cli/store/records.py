@@ -149,13 +149,6 @@ class Replica:
     note_seq: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
-        seg, off, size, at, seq = self.segment, self.offset, self.size, self.note_at, self.note_seq
-        if (type(seg) is str and seg and type(off) is int and off >= 0 and type(size) is int
-                and 0 < size <= MAX_OBJECT_SIZE and type(at) is int and at >= 0
-                and type(seq) is int and seq >= 0 and self.tier in TIERS
-                and (self.checksum is None or type(self.checksum) is str)
-                and type(self.status) is ReplicaStatus):
-            return  # all well: one test per field (every reply the client decodes has some)
         _check_name(self.segment, "replica segment")
         _check_int(self.offset, "replica offset", 0)
         check_size(self.size, "replica size")

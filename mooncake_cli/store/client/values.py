@@ -71,11 +71,11 @@ def copy_hashed(dest: memoryview, src: memoryview | Gathered) -> str:
     checksum. Copied and hashed BLOCK bytes at a time, so the hash reads what the copy just
     left in the cache instead of going to memory a second time; the copies run without the GIL
     (ctypes.memmove), so concurrent ones copy side by side."""
-    parts = src.parts if isinstance(src, Gathered) else [src]
     if len(src) > len(dest):
         raise BufferOverflow(f"{len(src)} bytes do not fit a buffer of {len(dest)}")
     if len(src) <= SMALL and not isinstance(src, Gathered) and _slice_copy(dest, src):
         return xxhash.xxh3_64_hexdigest(dest[:len(src)])
+    parts = src.parts if isinstance(src, Gathered) else [src]
     h = xxhash.xxh3_64()
     at = 0
     for part in parts:
