@@ -16,7 +16,7 @@ import torch
 
 from mooncake_cli.store import ErrorCode, Replica, ReplicateConfig, StoreError
 from mooncake_cli.store import protocol as p
-from mooncake_cli.store.client import StoreClient
+from mooncake_cli.store.client import StoreClient, batch_reads
 from mooncake_cli.store.errors import ChecksumMismatch, ObjectNotFound, TransferFailed
 from tests.conftest import free_port, wait_for
 from tests.helpers.store_node import value
@@ -160,6 +160,24 @@ def test_checksum_catches_a_flipped_byte(client: Callable[..., StoreClient]) -> 
             c.get_into("one", bytearray(len(data)))
         got = c.batch_get_into(["one", "k"], [bytearray(len(data)), bytearray(len(data))])
         assert isinstance(got[0], ChecksumMismatch) and got[1] == len(data)
+
+
+def test_batch_of_big_mapped_reads_is_shared_out_and_still_verified(
+        client: Callable[..., StoreClient]) -> None:
+    """Enough mapped bytes in one batch go to the copier threads; each copy is still checked."""
+    a, b = client(64 * MiB), client(0)
+    values = [os.urandom(2 * MiB + k) for k in range(4)]
+    names = [f"big{k}" for k in range(4)]
+    for name, data in zip(names, values, strict=True):
+        a.put(name, data, ReplicateConfig(preferred_segment=a.engine.name))
+    assert sum(map(len, values)) >= batch_reads.PARALLEL and batch_reads.COPIERS >= 2
+    corrupt(a, replicas(a, "big2")[0], MiB)
+    for c in (a, b):  # its own segment, and a same-host peer's mapped memory
+        bufs = [bytearray(len(v)) for v in values]
+        got = c.batch_get_into(names, bufs)
+        assert isinstance(got[2], ChecksumMismatch)
+        for k in (0, 1, 3):
+            assert got[k] == len(values[k]) and bufs[k] == values[k]
 
 
 def test_killed_client(client: Callable[..., StoreClient], nodes: Callable[..., Proc]) -> None:

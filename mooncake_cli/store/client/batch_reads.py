@@ -1,21 +1,51 @@
 """Reading many objects into the caller's buffers at once: each key's nearest replica, every
 remote one in one engine batch (straight into a dest in memory registered with the engine,
 else staged), ones this process maps (its own segment, a same-host peer's shared memory)
-copied and verified as they go; a key whose first pick fails (a transfer error or a bad
-checksum) then tries its other replicas alone (ReplicaIO.read).
+copied and verified as they go (on up to COPIERS threads when they add up to PARALLEL bytes:
+one thread's copy is bound by what one core's loads and stores move, not by the memory); a key
+whose first pick fails (a transfer error or a bad checksum) then tries its other replicas alone
+(ReplicaIO.read).
 
     got = read_into(io, keys, replica_lists, [memoryview(b) for b in bufs], bufs)
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mooncake_cli.store.client.replica_io import ReplicaIO
 from mooncake_cli.store.errors import BufferOverflow, ObjectNotFound, StoreError
 from mooncake_cli.store.records import Replica
 from mooncake_cli.transfer.batch import Op, TransferRequest
+
+COPIERS = min(4, os.cpu_count() or 1)
+PARALLEL = 4 << 20  # bytes of near copies in one batch from which they are shared out
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _copiers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(COPIERS, thread_name_prefix="mooncake-copy")
+        return _pool
+
+
+def copy_all(io: ReplicaIO, near: Sequence[tuple[str, Replica, memoryview, memoryview]]
+             ) -> list[bool]:
+    """Copy and verify each (key, replica, mapped source, dest); per copy whether it passed.
+    Shared among COPIERS threads (the copies release the GIL) when there is enough to copy."""
+    def one(job: tuple[str, Replica, memoryview, memoryview]) -> bool:
+        key, r, src, dest = job
+        return io.copy_near(key, r, src, dest, [])
+    if COPIERS < 2 or len(near) < 2 or sum(len(j[2]) for j in near) < PARALLEL:
+        return [one(job) for job in near]
+    return list(_copiers().map(one, near))
 
 
 def read_into(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Replica]],
@@ -24,6 +54,7 @@ def read_into(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Re
     BufferOverflow: the dest is too small)."""
     out: list[int | StoreError | None] = [None] * len(keys)
     remote: list[tuple[int, Replica]] = []
+    mapped: list[tuple[int, tuple[str, Replica, memoryview, memoryview]]] = []
     for i, (key, rs) in enumerate(zip(keys, replicas, strict=True)):
         if not rs:
             out[i] = ObjectNotFound(f"object {key!r} has no replica")
@@ -37,8 +68,11 @@ def read_into(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Re
         near = io.near(first)  # own segment or a same-host peer's mapped memory
         if near is None:
             remote.append((i, first))
-        elif io.copy_near(key, first, near, dests[i], []):
-            out[i] = n
+        else:
+            mapped.append((i, (key, first, near, dests[i])))
+    for (i, job), ok in zip(mapped, copy_all(io, [job for _, job in mapped]), strict=True):
+        if ok:
+            out[i] = job[1].size
     landed = [(i, r, at) for i, r in remote
               if (at := io._landing.find(dests[i][:r.size])) is not None]
     if landed:  # dests in memory registered with the engine: read straight into them
