@@ -28,7 +28,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,9 +177,11 @@ def edge_app(routes: Sequence[BaseRoute], limits: Limits | None = None,
 
 class Server:
     """`app` under uvicorn on a background thread. Binds at construction (port 0 picks a free
-    one); serves once `start`ed, until `close`."""
+    one); serves once `start`ed, until `close`. Each of `background` is started as a task on
+    the server's event loop before it serves (and cancelled when it stops)."""
 
-    def __init__(self, app: Starlette, host: str, port: int, name: str) -> None:
+    def __init__(self, app: Starlette, host: str, port: int, name: str,
+                 background: Sequence[Callable[[], Coroutine[Any, Any, Any]]] = ()) -> None:
         limits: Limits = app.state.limits
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
@@ -201,13 +203,20 @@ class Server:
             limit_concurrency=limits.max_connections, backlog=2048,
             timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
+        self._background = tuple(background)
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def _run(self) -> None:
         async def serve() -> None:
             self.loop = asyncio.get_running_loop()
-            await self._server.serve(sockets=[self._sock])
+            tasks = [asyncio.create_task(make()) for make in self._background]
+            try:
+                await self._server.serve(sockets=[self._sock])
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
         asyncio.run(serve())
 

@@ -90,7 +90,8 @@ class ConductorService:
         self.app = edge_app(routes(self.conductor, Identities(instances)), limits,
                             guard=Gate(secret, cfg.api_key, OPENAI), audit=self.audit,
                             audited=AUDITED)
-        self._http = Server(self.app, cfg.host, cfg.port, "conductor")
+        self._http = Server(self.app, cfg.host, cfg.port, "conductor",
+                            background=[self.poller.run])
         self.url = f"http://{self._http.host}:{self._http.port}"
 
     def start(self) -> ConductorService:
