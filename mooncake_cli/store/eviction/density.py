@@ -46,9 +46,16 @@ def length_class(n: int) -> int:
     return 0 if n < 4 else CLASSES + min(LENGTHS - 1, (n.bit_length() - 3) // 2)
 
 
+def _bucket(age: int) -> int:
+    return min(BUCKETS - 1, int(math.log2(age + 1) * PER_OCTAVE))
+
+
+_SMALL = [_bucket(a) for a in range(1 << 14)]  # the buckets of the common ages, looked up
+
+
 def bucket(age: int) -> int:
     """The log bucket of an age (objects admitted since)."""
-    return min(BUCKETS - 1, int(math.log2(age + 1) * PER_OCTAVE))
+    return _SMALL[age] if 0 <= age < len(_SMALL) else _bucket(age)
 
 
 class HitDensityPolicy:
@@ -159,19 +166,19 @@ class HitDensityPolicy:
                 self._ghosts.popitem(last=False)
 
     def victims(self) -> Iterator[str]:
+        """Least worth first among the classes' heads; a head's worth is computed when it
+        becomes one (nothing it depends on changes while victims are taken)."""
         its = [iter(q) for q in self.queues]
         heads = [next(it, None) for it in its]
+        worths = [self.worth(h) if h is not None else math.inf for h in heads]
         while True:
-            best, pick = 0.0, -1
-            for i, head in enumerate(heads):
-                if head is not None:
-                    w = self.worth(head)
-                    if pick < 0 or w < best:
-                        best, pick = w, i
-            if pick < 0:
+            best = min(worths)
+            if best == math.inf:
                 return
+            pick = worths.index(best)
             yield heads[pick]  # type: ignore[misc]
-            heads[pick] = next(its[pick], None)
+            head = heads[pick] = next(its[pick], None)
+            worths[pick] = self.worth(head) if head is not None else math.inf
 
     def __len__(self) -> int:
         return len(self._class)
