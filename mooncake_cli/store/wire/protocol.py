@@ -383,12 +383,24 @@ def decode_reply(body: bytes) -> Reply:
         raise StoreError(f"malformed reply from the master: {e}", ErrorCode.RPC_FAIL) from None
 
 
+_DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}  # by kind: the types the client asks
+
+
+def _decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:
+    """A Decoder of `kind`, made once (a third of a batch reply's per-key decoding was
+    `decode(type=...)` looking its type up again)."""
+    dec = _DECODERS.get(kind)
+    if dec is None:
+        dec = _DECODERS[kind] = msgspec.msgpack.Decoder(kind)
+    return dec
+
+
 def result(reply: Reply, kind: Any) -> Any:
     """The reply's value as `kind`, or the StoreError it carries."""
     if not reply.ok:
         raise error_from_code(reply.code, reply.message)
     try:
-        return msgspec.msgpack.decode(reply.result, type=kind)
+        return _decoder(kind).decode(reply.result)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise StoreError(f"unexpected result from the master: {e}", ErrorCode.RPC_FAIL) from None
 
