@@ -227,3 +227,31 @@ def test_keep_alive_holds_across_json_and_sse(cluster) -> None:
                 assert json.loads(r.text)["usage"]["completion_tokens"] == 2
             peers.add(r.extensions["network_stream"].get_extra_info("client_addr"))
     assert len(peers) == 1, "one connection served every answer"
+
+
+def test_background_tasks_run_on_the_server_loop_and_stop_with_it() -> None:
+    """A Server's background tasks run on its event loop while it serves; closing it cancels
+    them (the conductor's poller is one)."""
+    seen: dict[str, Any] = {"ticks": 0, "cancelled": False}
+
+    async def ticker() -> None:
+        seen["loop"] = asyncio.get_running_loop()
+        try:
+            while True:
+                seen["ticks"] += 1
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            seen["cancelled"] = True
+            raise
+
+    server = Server(edge_app([], Limits()), "127.0.0.1", 0, "test-background",
+                    background=[ticker]).start()
+    try:
+        deadline = time.monotonic() + 10
+        while seen["ticks"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen["ticks"] >= 5 and seen["loop"] is server.loop
+        assert httpx.get(f"http://127.0.0.1:{server.port}/nowhere").status_code == 404
+    finally:
+        server.close()
+    assert seen["cancelled"]
