@@ -142,75 +142,49 @@ class Instances:
                                                    key=lambda i: (i.role, i.name))]
 
 
-def _registration(url: str, health: jsonhttp.Answer, load: jsonhttp.Answer) -> dict[str, Any]:
+async def poll(peer: jsonhttp.AsyncPeer, url: str, timeout: float = 2.0) -> dict[str, Any]:
+    """A static worker's registration body, read from its /health and /v1/load (both at once,
+    through `peer`'s pooled connections)."""
+    health, load = await asyncio.gather(peer.call(url + "/health", timeout_s=timeout),
+                                        peer.call(url + "/v1/load", timeout_s=timeout))
     if health.status != 200 or load.status != 200:
         raise OSError(f"{url} answered {health.status}/{load.status}")
     return {"name": health.body.get("name"), "role": health.body.get("role"), "url": url,
             "load": load.body}
 
 
-def poll(url: str, timeout: float = 2.0, auth: Signer | None = None) -> dict[str, Any]:
-    """A static worker's registration body, read from its /health and /v1/load."""
-    health = jsonhttp.call(url + "/health", timeout=timeout)
-    load = jsonhttp.call(url + "/v1/load", timeout=timeout, auth=auth)
-    return _registration(url, health, load)
-
-
-async def poll_async(peer: jsonhttp.AsyncPeer, url: str, timeout: float = 2.0
-                     ) -> dict[str, Any]:
-    """`poll`, on an event loop: both requests at once, through `peer`'s pooled connections."""
-    health, load = await asyncio.gather(peer.call(url + "/health", timeout_s=timeout),
-                                        peer.call(url + "/v1/load", timeout_s=timeout))
-    return _registration(url, health, load)
-
-
 class Poller:
-    """Polls the static URLs and expires silent instances every `interval` seconds: once when
-    started, then as a task on the HTTP server's event loop (`run`), every URL at once. (A
-    thread of its own contended for the GIL with the loop serving requests: under load it cost
-    the conductor 2.5 times its idle CPU.)"""
+    """Polls the static URLs (every one at once) and expires silent instances: once when
+    started, then every `interval` seconds as a task on the HTTP server's event loop (`run`,
+    cancelled when the server stops). (A thread of its own contended for the GIL with the loop
+    serving requests: under load it cost the conductor 2.5 times its idle CPU.)"""
 
     def __init__(self, instances: Instances, urls: tuple[str, ...], interval: float,
                  auth: Signer | None = None) -> None:
         self.instances, self.urls, self.interval = instances, urls, interval
         self.auth = auth
-        self._closed = False
 
     def start(self) -> Poller:
-        self.poll_once()
+        """The first round, before the server serves (on a loop of its own)."""
+        asyncio.run(self.run(first_only=True))
         return self
 
-    def _register(self, url: str, got: dict[str, Any] | BaseException) -> None:
+    async def _poll(self, peer: jsonhttp.AsyncPeer, url: str) -> None:
         try:
-            if isinstance(got, BaseException):
-                raise got
-            self.instances.register(got, static=True)
+            self.instances.register(await poll(peer, url, self.interval * 2), static=True)
         except (OSError, ValueError, ServingError) as e:
             log.debug("poll %s: %s", url, e)
 
-    def poll_once(self) -> None:
-        for url in self.urls:
-            try:
-                got: dict[str, Any] | BaseException = poll(url, self.interval * 2, self.auth)
-            except (OSError, ValueError) as e:
-                got = e
-            self._register(url, got)
-        self.instances.expire()
-
-    async def run(self) -> None:
-        """Poll every `interval` seconds until closed (or the task is cancelled)."""
+    async def run(self, first_only: bool = False) -> None:
+        """A round every `interval` seconds until cancelled (`first_only`: one round, now)."""
         peer = jsonhttp.AsyncPeer(self.auth)
         try:
-            while not self._closed:
-                await asyncio.sleep(self.interval)
-                got = await asyncio.gather(*(poll_async(peer, url, self.interval * 2)
-                                             for url in self.urls), return_exceptions=True)
-                for url, one in zip(self.urls, got, strict=True):
-                    self._register(url, one)
+            while True:
+                if not first_only:
+                    await asyncio.sleep(self.interval)
+                await asyncio.gather(*(self._poll(peer, url) for url in self.urls))
                 self.instances.expire()
+                if first_only:
+                    return
         finally:
             await peer.close()
-
-    def close(self) -> None:
-        """Stop `run` at its next wake-up (the server's close cancels it anyway)."""
-        self._closed = True

@@ -104,7 +104,6 @@ class ConductorService:
     def close(self) -> None:
         self._http.run(self.conductor.close_peer())
         self._http.close()
-        self.poller.close()
         if self.etcd is not None:
             self.etcd.close()
         self.conductor.close()
