@@ -33,6 +33,8 @@ TIERS: tuple[Tier, ...] = ("dram", "ssd")
 
 def check_key(key: object) -> str:
     """`key` itself when it is a valid object key; InvalidKey saying why otherwise."""
+    if type(key) is str and key.isascii() and 0 < len(key) <= MAX_KEY_BYTES:
+        return key  # the common case, without encoding it
     if not isinstance(key, str):
         raise InvalidKey(f"key must be a string, not {type(key).__name__}")
     if not key:

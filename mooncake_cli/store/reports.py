@@ -162,23 +162,26 @@ class ReportBook:
         """An object changed from `old` to `new` (None: absent): journal its DRAM replicas."""
         if not self._journals:
             return
+        key = new.key if new is not None else old.key if old is not None else ""
+        told = self._told.get(key) if self._told else None
+        if told is None and (old is None or old.put_deadline is not None) and \
+                (new is None or new.put_deadline is not None):
+            return  # no complete replica on either side (a put started or revoked)
         before, after = _dram(old), _dram(new)
         for slot, r in before.items():
             if slot not in after and old is not None and (j := self._owner(r)) is not None:
-                j.note(Gone(old.key, r.offset))
+                j.note(Gone(key, r.offset))
                 self._mark(j)
-        told = self._told.get(new.key if new is not None else old.key if old is not None else "")
         for slot, r in after.items():
             if slot in before or new is None:
                 continue
             if told is not None and slot in told and told[slot].checksum == r.checksum:
                 continue  # its owner has it since put_start
             if (j := self._owner(r)) is not None:
-                j.note(Held(new.key, r, new.config))
+                j.note(_held(key, r, new.config))  # the key was checked when the put started
                 self._mark(j)
         if told is not None:
-            self._settle(new.key if new is not None else old.key if old is not None else "",
-                         told, new)
+            self._settle(key, told, new)
 
     def _settle(self, key: str, told: dict[tuple[str, int], Replica],
                 new: ObjectMeta | None) -> None:
@@ -269,8 +272,8 @@ class ReportBook:
         return self._journals.get(client_id)
 
     def _owner(self, r: Replica) -> Journal | None:
-        seg = self._segments.locate(r)
-        return None if seg is None else self._journals.get(seg.client_id)
+        client = self._segments.client_of(r)
+        return None if client is None else self._journals.get(client)
 
     def report(self, client_id: str, epoch: str, ack: int,
                objects: Iterable[ObjectMeta]) -> HoldingsReport:

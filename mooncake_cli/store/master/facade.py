@@ -132,21 +132,22 @@ class StoreMaster:
         sums: Sequence[str | None] = [None] * len(keys) if checksums is None else checksums
         if len(sums) != len(keys):
             raise InvalidParams(f"{len(keys)} keys but {len(sums)} checksums")
+        if not isinstance(keys, (list, tuple)):
+            raise InvalidParams(f"a batch takes a list, not {type(keys).__name__}")
         with self._lock:
-            st = self.state
-            out = self._each([*zip(keys, sums, strict=True)],
-                             lambda ks: self.put_end(ks[0], ks[1]))
-            st.chain(keys)
+            out = self.objects.batch_put_end(keys, sums)
+            self.state.chain(keys)
             return out
 
     def batch_put_revoke(self, keys: Sequence[str]) -> Results[None]:
         return self._each(keys, self.put_revoke)
 
     def batch_get_replica_list(self, keys: Sequence[str]) -> Results[tuple[Replica, ...]]:
+        if not isinstance(keys, (list, tuple)):
+            raise InvalidParams(f"a batch takes a list, not {type(keys).__name__}")
         with self._lock:
-            st = self.state
-            out = self._each(keys, self.get_replica_list)
-            st.chain(keys)
+            out = self.objects.batch_get_replica_list(keys)
+            self.state.chain(keys)
             return out
 
     def batch_exists(self, keys: Sequence[str]) -> Results[bool]:

@@ -44,8 +44,23 @@ from mooncake_cli.store.records import (
 )
 
 DEFAULT_CONFIG = ReplicateConfig()
+_NEW = ObjectMeta("-", 1, (), DEFAULT_CONFIG, 0.0, 0.0)  # the template of a started put
 
 Keys: TypeAlias = list[str]  # inside Objects the name `list` is the method
+
+
+class _Plan:
+    """What every put_start of one request shares (the config's derived values, the clock)."""
+
+    __slots__ = ("config", "tier", "upsert", "now", "preferred", "deadline", "pin", "fits")
+
+    def __init__(self, st: MasterState, config: ReplicateConfig, tier: Tier, upsert: bool,
+                 now: float) -> None:
+        self.config, self.tier, self.upsert, self.now = config, tier, upsert, now
+        self.preferred = config.preferred
+        self.deadline = now + st.put_timeout
+        self.pin = st.soft_pin_end(config, now)
+        self.fits: dict[int, int] = {}  # size -> segments.fitting (fixed while segments are)
 
 
 class Objects:
@@ -68,7 +83,7 @@ class Objects:
         config = self._config(config, tier)
         with self._lock:
             now = self.now()
-            replicas = self._start(key, size, config, tier, upsert, now, {})
+            replicas = self._start(key, size, _Plan(self.state, config, tier, upsert, now))
             self.eviction.relieve(now)
             return replicas
 
@@ -80,11 +95,11 @@ class Objects:
         config = self._config(config, tier)
         with self._lock:
             now = self.now()
-            fits: dict[int, int] = {}
+            plan = _Plan(self.state, config, tier, upsert, now)
             out: list[tuple[Replica, ...] | StoreError] = []
             for key, size in zip(keys, sizes, strict=True):
                 try:
-                    out.append(self._start(key, size, config, tier, upsert, now, fits))
+                    out.append(self._start(key, size, plan))
                 except StoreError as e:
                     out.append(e)
             self.eviction.relieve(now)
@@ -98,54 +113,71 @@ class Objects:
             raise InvalidParams(f"config must be a ReplicateConfig, not {type(config).__name__}")
         return config
 
-    def _start(self, key: str, size: int, config: ReplicateConfig, tier: Tier, upsert: bool,
-               now: float, fits: dict[int, int]) -> tuple[Replica, ...]:
-        """One put_start, the lock held; `fits` caches segments.fitting by size (it changes
-        only when segments come and go)."""
+    def _start(self, key: str, size: int, plan: _Plan) -> tuple[Replica, ...]:
+        """One put_start of `plan`, the lock held."""
         check_key(key)
         check_size(size)
-        st = self.state
-        st.expire_put(key, now)
+        st, tier, now = self.state, plan.tier, plan.now
         old = st.objects.get(key)
-        if old is not None and upsert and old.complete:
+        if old is not None and st.expire_put(key, now):
+            old = None
+        if old is not None and plan.upsert and old.complete:
             st.drop(key)
         elif old is not None:
-            if upsert:
+            if plan.upsert:
                 raise ReplicaNotReady(f"the put of {key!r} has not ended")
             raise ObjectAlreadyExists(f"object {key!r} already exists or is being put")
-        if size not in fits:
-            fits[size] = st.segments.fitting(size, tier)
-        n = min(config.replica_num, fits[size])
+        fits = plan.fits.get(size)
+        if fits is None:
+            fits = plan.fits[size] = st.segments.fitting(size, tier)
+        n = min(plan.config.replica_num, fits)
         if n < 1:
             raise NoAvailableHandle(f"no mounted {tier} segment can hold {size} bytes")
-        preferred = config.preferred
-        replicas = st.segments.allocate(size, n, tier, preferred, 1)
+        replicas = st.segments.allocate(size, n, tier, plan.preferred, 1)
         if not replicas and tier == "dram":
             self.eviction.evict(now, n * st.segments.aligned(size), "room")
-            replicas = st.segments.allocate(size, n, tier, preferred, 1)
+            replicas = st.segments.allocate(size, n, tier, plan.preferred, 1)
         if not replicas:
             raise NoAvailableHandle(f"no room for a replica of {size} bytes in the "
                                     f"{tier} tier")
-        st.admit(ObjectMeta(key, size, tuple(replicas), config, now, now,
-                            put_deadline=now + st.put_timeout,
-                            soft_pin_until=st.soft_pin_end(config, now)))
-        return tuple(replicas)
+        placed = tuple(replicas)
+        st.admit(evolve(_NEW, key=key, size=size, replicas=placed, config=plan.config,
+                        created=now, last_access=now, put_deadline=plan.deadline,
+                        soft_pin_until=plan.pin))  # checked fields
+        return placed
 
     def put_end(self, key: str, checksum: str | None = None) -> None:
         """Mark the put of `key` complete (a repeat for a complete object does nothing)."""
+        with self._lock:
+            self._end(key, checksum, self.now())
+
+    def batch_put_end(self, keys: Sequence[str], sums: Sequence[str | None]
+                      ) -> list[None | StoreError]:
+        """`put_end` of each key (one clock reading); per key None or the error it met."""
+        out: list[None | StoreError] = []
+        with self._lock:
+            now, end = self.now(), self._end
+            for key, checksum in zip(keys, sums, strict=True):
+                try:
+                    out.append(end(key, checksum, now))
+                except StoreError as e:
+                    out.append(e)
+        return out
+
+    def _end(self, key: str, checksum: str | None, now: float) -> None:
         check_key(key)
         if checksum is not None and not isinstance(checksum, str):
             raise InvalidParams("checksum must be a string")
-        with self._lock:
-            st = self.state
-            now = self.now()
-            meta = st.live(key, now)
-            if meta.complete:
-                return
-            done = tuple(evolve(r, status=ReplicaStatus.COMPLETE, checksum=checksum)
-                         for r in meta.replicas)
-            st.keep(evolve(meta, replicas=done, put_deadline=None, last_access=now))
-            st.counts["puts"] += 1
+        st = self.state
+        meta = st.objects.get(key)
+        if meta is None or (meta.put_deadline is not None and meta.put_deadline <= now):
+            meta = st.live(key, now)  # ObjectNotFound (an expired put is dropped first)
+        if meta.put_deadline is None:
+            return  # a repeat
+        done = tuple(evolve(r, status=ReplicaStatus.COMPLETE, checksum=checksum)
+                     for r in meta.replicas)
+        st.ended(meta, evolve(meta, replicas=done, put_deadline=None, last_access=now))
+        st.counts["puts"] += 1
 
     def put_revoke(self, key: str) -> None:
         """Abandon a put that has not ended: its replicas are freed and the key forgotten."""
@@ -160,23 +192,39 @@ class Objects:
     # -- reads -----------------------------------------------------------------------------------
     def get_replica_list(self, key: str) -> tuple[Replica, ...]:
         """The complete replicas of `key`; grants (or extends) a lease of `lease_ttl`."""
-        check_key(key)
         with self._lock:
-            st = self.state
-            now = self.now()
-            st.counts["gets"] += 1
-            try:
-                meta = st.live(key, now)
-                if not meta.complete:
-                    raise ReplicaNotReady(f"the put of {key!r} has not ended")
-            except (ObjectNotFound, ReplicaNotReady):
-                st.counts["misses"] += 1
-                raise
-            st.counts["hits"] += 1
-            meta = st.lease(meta, now)
-            # served from SSD this time; from DRAM once copied
-            self.tiering.promote(meta, now, self.eviction.evict_on)
-            return meta.replicas
+            return self._get(key, self.now())
+
+    def batch_get_replica_list(self, keys: Sequence[str]
+                               ) -> list[tuple[Replica, ...] | StoreError]:
+        """`get_replica_list` of each key (one clock reading); per key its replicas or the
+        error it met."""
+        out: list[tuple[Replica, ...] | StoreError] = []
+        with self._lock:
+            now, get = self.now(), self._get
+            for key in keys:
+                try:
+                    out.append(get(key, now))
+                except StoreError as e:
+                    out.append(e)
+        return out
+
+    def _get(self, key: str, now: float) -> tuple[Replica, ...]:
+        check_key(key)
+        st = self.state
+        st.counts["gets"] += 1
+        try:
+            meta = st.live(key, now)
+            if not meta.complete:
+                raise ReplicaNotReady(f"the put of {key!r} has not ended")
+        except (ObjectNotFound, ReplicaNotReady):
+            st.counts["misses"] += 1
+            raise
+        st.counts["hits"] += 1
+        meta = st.lease(meta, now)
+        # served from SSD this time; from DRAM once copied
+        self.tiering.promote(meta, now, self.eviction.evict_on)
+        return meta.replicas
 
     def exists(self, key: str) -> bool:
         """Whether `key` is complete; a True answer grants a lease like a get."""

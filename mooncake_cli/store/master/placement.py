@@ -30,6 +30,9 @@ class SegmentTable:
     def __init__(self, alignment: int = DEFAULT_ALIGNMENT) -> None:
         self.alignment = alignment
         self._by_name: dict[str, list[_Mount]] = {}
+        # (aligned size, tier) -> [(name, mounts that can hold it)]: placement's candidates,
+        # kept until a mount comes or goes
+        self._fit: dict[tuple[int, Tier], list[tuple[str, list[_Mount]]]] = {}
 
     def mount(self, seg: Segment) -> bool:
         """Add a mount; False if this very segment is already mounted (a harmless repeat)."""
@@ -46,12 +49,14 @@ class SegmentTable:
                     f"segment {seg.name} range [{seg.base}, {seg.base + seg.size}) overlaps "
                     f"the mount at base {old.base}")
         self._by_name.setdefault(seg.name, []).append(_Mount(seg, self.alignment))
+        self._fit.clear()
         return True
 
     def unmount(self, name: str, base: int | None = None) -> list[Segment]:
         """Remove the mounts of `name` (only the one at `base` when given); what was removed."""
         mounts = self._by_name.get(name, [])
         gone = [m for m in mounts if base is None or m.segment.base == base]
+        self._fit.clear()
         if not gone:
             where = "" if base is None else f" at base {base}"
             raise SegmentNotFound(f"segment {name}{where} is not mounted")
@@ -77,9 +82,7 @@ class SegmentTable:
 
     def fitting(self, size: int, tier: Tier) -> int:
         """How many distinct segments have a `tier` mount large enough for `size` bytes."""
-        need = self.aligned(size)
-        return sum(1 for ms in self._by_name.values()
-                   if any(m.segment.tier == tier and m.alloc.capacity >= need for m in ms))
+        return len(self._fitting(self.aligned(size), tier))
 
     def _mounts(self) -> Iterator[_Mount]:
         for ms in self._by_name.values():
@@ -96,22 +99,45 @@ class SegmentTable:
         m = self._find(r)
         return m.segment if m is not None else None
 
+    def client_of(self, r: Replica) -> str | None:
+        """The client id of the mount holding replica `r` (`locate` in one call)."""
+        offset, end = r.offset, r.offset + r.size
+        for m in self._by_name.get(r.segment, ()):
+            s = m.segment
+            if s.base <= offset and end <= s.base + s.size:
+                return s.client_id
+        return None
+
     def aligned(self, size: int) -> int:
         return -(-size // self.alignment) * self.alignment
+
+    def _fitting(self, need: int, tier: Tier) -> list[tuple[str, list[_Mount]]]:
+        """Per transfer segment name, its `tier` mounts that can hold `need` bytes at all."""
+        fit = self._fit.get((need, tier))
+        if fit is None:
+            fit = self._fit[(need, tier)] = [
+                (name, mounts) for name, ms in self._by_name.items()
+                if (mounts := [m for m in ms if m.segment.tier == tier
+                               and m.alloc.capacity >= need])]
+        return fit
 
     def allocate(self, size: int, n: int, tier: Tier, preferred: str | Sequence[str] = "",
                  least: int | None = None) -> list[Replica]:
         """`n` pending replicas of `size` bytes on distinct segments (the `preferred` ones first,
         in order), or [] (nothing held) when fewer than `least` (default `n`) fit."""
+        fit = self._fitting(self.aligned(size), tier)
+        if len(fit) == 1 and n >= 1:  # one segment to place on (a single-node store)
+            r = self._alloc_on(fit[0][1], size)
+            if r is None:
+                return []
+            if (n if least is None else least) > 1:
+                self.release(r)
+                return []
+            return [r]
         order = [preferred] if isinstance(preferred, str) else list(preferred)
         rank = {name: i for i, name in reversed(list(enumerate(order)))}
-        need = self.aligned(size)
-        candidates = []
-        for name, ms in self._by_name.items():
-            mounts = [m for m in ms if m.segment.tier == tier and m.alloc.capacity >= need]
-            if mounts:
-                room = sum(m.alloc.free_bytes for m in mounts)
-                candidates.append((rank.get(name, len(order)), -room, name, mounts))
+        candidates = [(rank.get(name, len(order)), -sum(m.alloc.free_bytes for m in mounts),
+                       name, mounts) for name, mounts in fit]
         if len(candidates) > 1:
             candidates.sort(key=lambda c: c[:3])
         chosen: list[Replica] = []

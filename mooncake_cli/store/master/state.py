@@ -99,11 +99,21 @@ class MasterState:
         self.policy.touch(meta.key, hit)
         return meta
 
+    def ended(self, old: ObjectMeta, new: ObjectMeta) -> None:
+        """The put of `old` ended as `new` (its replicas complete): `keep` of a known key."""
+        self.objects[new.key] = new
+        self.reports.note(old, new)
+        self.policy.touch(new.key, False)
+
     def lease(self, meta: ObjectMeta, now: float) -> ObjectMeta:
-        return self.keep(evolve(meta, last_access=now,
-                                lease_until=max(meta.lease_until, now + self.lease_ttl),
-                                soft_pin_until=self.soft_pin_end(meta.config, now)),
-                         hit=True)
+        new = evolve(meta, last_access=now,
+                     lease_until=max(meta.lease_until, now + self.lease_ttl),
+                     soft_pin_until=self.soft_pin_end(meta.config, now))
+        if self.objects.get(meta.key) is not meta:
+            return self.keep(new, hit=True)
+        self.objects[meta.key] = new  # the same replicas: nothing for the journals
+        self.policy.touch(meta.key, True)
+        return new
 
     def soft_pin_end(self, config: ReplicateConfig, now: float) -> float:
         """When a soft pin of `config` taken (or renewed) at `now` ends; 0.0: not pinned."""
