@@ -204,6 +204,8 @@ class ReplicaIO:
 
     # -- reads -----------------------------------------------------------------------------------
     def order(self, replicas: Sequence[Replica]) -> list[Replica]:
+        if len(replicas) < 2:
+            return list(replicas)
         return sorted(replicas, key=lambda r: (r.segment != self.engine.name, r.host != self.host))
 
     @contextmanager
@@ -327,8 +329,11 @@ class ReplicaIO:
                 out[i] = ObjectNotFound(f"object {keys[i]!r} has no replica")
                 continue
             first = self.order(rs)[0]
-            if self.local_view(first) is None:
+            local = self.local_view(first)
+            if local is None:
                 remote.append((i, first))
+            elif self._check(keys[i], first, data := bytes(local), []):
+                out[i] = data  # else read_bytes tries every replica (and says why they fail)
         if remote:
             with self.staged(keys, remote) as got:
                 for i, _, view in got:

@@ -36,6 +36,7 @@ from mooncake_cli.store.records import (
     Tier,
 )
 from mooncake_cli.store.reports import Held, HoldingsReport
+from mooncake_cli.store.wire import incoming
 
 MAX_BATCH = 16384  # keys in one batch request
 MAX_MESSAGE = 256 << 20  # bytes of one request; the socket drops larger ones
@@ -383,10 +384,11 @@ def decode_reply(body: bytes) -> Reply:
         raise StoreError(f"malformed reply from the master: {e}", ErrorCode.RPC_FAIL) from None
 
 
-_DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}  # by kind: the types the client asks
+# by kind: the types the client asks (records that replies carry many of: incoming.py)
+_DECODERS: dict[Any, Any] = dict(incoming.DECODERS)
 
 
-def _decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:
+def _decoder(kind: Any) -> Any:
     """A Decoder of `kind`, made once (a third of a batch reply's per-key decoding was
     `decode(type=...)` looking its type up again)."""
     dec = _DECODERS.get(kind)
