@@ -8,12 +8,11 @@ With SSD segments mounted, an evicted object is offloaded when its client has SS
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 from mooncake_cli.store.eviction import choose_victims
 from mooncake_cli.store.master.state import MasterState
 from mooncake_cli.store.master.tiering import Tiering
-from mooncake_cli.store.records import ObjectMeta, Replica
+from mooncake_cli.store.records import ObjectMeta, Replica, evolve
 
 
 class Eviction:
@@ -86,7 +85,7 @@ class Eviction:
             keep = tuple(r for r in meta.replicas if not here(r))
             if any(r.tier == "dram" for r in keep):
                 st.segments.release_all(gone)
-                st.set(replace(meta, replicas=keep))
+                st.set(evolve(meta, replicas=keep))
                 st.count_eviction(cause)
             elif not self.tiering.offload(meta, now):
                 st.shed(meta, cause)

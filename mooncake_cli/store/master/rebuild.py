@@ -12,7 +12,6 @@ its replicas meanwhile): it is neither removed without force nor evicted before 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from mooncake_cli.store.errors import (
     InvalidParams,
@@ -21,7 +20,7 @@ from mooncake_cli.store.errors import (
     StoreError,
 )
 from mooncake_cli.store.master.state import MasterState
-from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, check_key
+from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, check_key, evolve
 from mooncake_cli.store.reports import Held, HoldingsReport
 
 
@@ -104,5 +103,5 @@ class Rebuild:
                 meta = ObjectMeta(key, size, tuple(new), config or ReplicateConfig(), now, now,
                                   lease_until=now + st.lease_ttl)
             else:
-                meta = replace(meta, replicas=meta.replicas + tuple(new))
+                meta = evolve(meta, replicas=meta.replicas + tuple(new))
             return st.keep(meta)

@@ -35,6 +35,7 @@ from mooncake_cli.store.records import (
     Segment,
     check_key,
     check_size,
+    evolve,
 )
 
 T = TypeVar("T")
@@ -170,7 +171,7 @@ class Replication:
                 st.segments.release(p.replica)
                 raise
             done = replace(p.replica, checksum=p.checksum, status=ReplicaStatus.COMPLETE)
-            st.keep(replace(meta, replicas=meta.replicas + (done,), last_access=now))
+            st.keep(evolve(meta, replicas=meta.replicas + (done,), last_access=now))
             st.count_copy("replica", meta.size)
 
     def add_replica_revoke(self, key: str, segment: str) -> None:

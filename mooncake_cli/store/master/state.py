@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 from mooncake_cli.interfaces import EvictionPolicy
 from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT
@@ -139,7 +138,7 @@ class MasterState:
         keep = tuple(r for r in meta.replicas if r.tier != "dram")
         self.segments.release_all([r for r in meta.replicas if r.tier == "dram"])
         if keep:
-            self.set(replace(meta, replicas=keep))
+            self.set(evolve(meta, replicas=keep))
         else:
             self.forget(meta.key, evicted=True)
         self.count_eviction(cause)
@@ -156,7 +155,7 @@ class MasterState:
             if len(keep) == len(meta.replicas):
                 continue
             if keep:
-                self.set(replace(meta, replicas=keep))
+                self.set(evolve(meta, replicas=keep))
             else:
                 self.forget(key)
                 lost.append(key)

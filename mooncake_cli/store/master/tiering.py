@@ -21,7 +21,7 @@ from mooncake_cli.store.errors import InvalidParams
 from mooncake_cli.store.eviction import choose_victims
 from mooncake_cli.store.master.state import MasterState
 from mooncake_cli.store.moves import Move, MoveBook, MoveOrders, MoveResult
-from mooncake_cli.store.records import ObjectMeta, Replica, ReplicaStatus, Segment
+from mooncake_cli.store.records import ObjectMeta, Replica, ReplicaStatus, Segment, evolve
 
 EvictOn = Callable[[str, int, float, str], list[str]]  # (segment, bytes, now, cause): evicted
 
@@ -87,7 +87,7 @@ class Tiering:
             keep = tuple(r for r in meta.replicas if r.tier != "dram") + (dst,)
         else:
             keep = (dst, *meta.replicas)
-        st.set(replace(meta, replicas=keep))
+        st.set(evolve(meta, replicas=keep))
         st.counts["offloads" if move.kind == "offload" else "promotions"] += 1
         st.count_copy(move.kind, meta.size)
         return True
@@ -132,7 +132,7 @@ class Tiering:
             st.segments.release_all(gone)
             keep = tuple(r for r in meta.replicas if r not in gone)
             if keep:
-                st.set(replace(meta, replicas=keep))
+                st.set(evolve(meta, replicas=keep))
             else:
                 st.forget(meta.key, evicted=True)
             st.count_eviction("ssd")
