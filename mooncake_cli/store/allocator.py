@@ -47,9 +47,16 @@ class Allocator:
     def alloc(self, size: int) -> int | None:
         """The offset of a fresh block of at least `size` bytes, or None when none is free."""
         need = self._check(size)
-        for start in self._starts:
+        for i, start in enumerate(self._starts):
             length = self._free[start]
-            if length >= need:
+            if length > need:  # the head of a larger block: the rest keeps its place in order
+                del self._free[start]
+                self._starts[i] = start + need
+                self._free[start + need] = length - need
+                self._used[start] = need
+                self.used += need
+                return start
+            if length == need:
                 self._take(start, length, start, need)
                 return start
         return None

@@ -167,7 +167,8 @@ class ReportBook:
         if told is None and (old is None or old.put_deadline is not None) and \
                 (new is None or new.put_deadline is not None):
             return  # no complete replica on either side (a put started or revoked)
-        before, after = _dram(old), _dram(new)
+        before = _dram(old) if old is not None and old.put_deadline is None else {}
+        after = _dram(new)
         for slot, r in before.items():
             if slot not in after and old is not None and (j := self._owner(r)) is not None:
                 j.note(Gone(key, r.offset))

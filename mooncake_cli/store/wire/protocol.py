@@ -366,6 +366,9 @@ def error(e: StoreError) -> Reply:
     return Reply(False, int(e.code), str(e))
 
 
+_DONE = Reply(True, 0, "", msgspec.Raw(_ENCODER.encode(None)))  # a batch key's None result
+
+
 def run(master: StoreMaster, req: Request) -> Reply:
     """Run `req` against `master`; StoreErrors become error replies."""
     try:
@@ -373,7 +376,8 @@ def run(master: StoreMaster, req: Request) -> Reply:
     except StoreError as e:
         return error(e)
     if isinstance(req, BATCHES):
-        value = [error(v) if isinstance(v, StoreError) else ok(v) for v in value]
+        value = [_DONE if v is None else error(v) if isinstance(v, StoreError) else ok(v)
+                 for v in value]
     return ok(value)
 
 
