@@ -15,7 +15,9 @@ import xxhash
 from mooncake_cli.store.errors import BufferOverflow, InvalidParams
 from mooncake_cli.transfer.segment import host_view
 
-BLOCK = 256 << 10  # bytes copied, then hashed, at a time (copy_hashed)
+BLOCK = 1 << 20  # bytes copied, then hashed, at a time (copy_hashed). Not less: on an AMD EPYC
+# VM, glibc's memmove of 256 KiB blocks out of a memfd mapping ran at a third of the speed of
+# 1 MiB ones (its `rep movsb` range, it seems; scripts/bench_copy_hashed.py)
 FUSED = 64 << 10  # values from this size are hashed as they are copied into the own segment
 SMALL = 128 << 10  # values up to this size are copied in one slice assignment, GIL held: for
 # 4 KiB, 0.35 µs copied and hashed against 6.4 µs through ctypes (numpy finds the addresses)
