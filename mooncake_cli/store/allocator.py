@@ -47,16 +47,9 @@ class Allocator:
     def alloc(self, size: int) -> int | None:
         """The offset of a fresh block of at least `size` bytes, or None when none is free."""
         need = self._check(size)
-        for i, start in enumerate(self._starts):
+        for start in self._starts:
             length = self._free[start]
-            if length > need:  # the head of a larger block: the rest keeps its place in order
-                del self._free[start]
-                self._starts[i] = start + need
-                self._free[start + need] = length - need
-                self._used[start] = need
-                self.used += need
-                return start
-            if length == need:
+            if length >= need:
                 self._take(start, length, start, need)
                 return start
         return None
@@ -79,13 +72,17 @@ class Allocator:
     def _take(self, start: int, length: int, offset: int, need: int) -> None:
         """Cut [offset, offset+need) out of the free block [start, start+length)."""
         i = bisect.bisect_left(self._starts, start)
-        del self._starts[i]
         del self._free[start]
-        if offset > start:
-            self._insert(start, offset - start)
         end, block_end = offset + need, start + length
-        if block_end > end:
-            self._insert(end, block_end - end)
+        if offset == start and block_end > end:  # the head: the rest keeps its place in order
+            self._starts[i] = end
+            self._free[end] = block_end - end
+        else:
+            del self._starts[i]
+            if offset > start:
+                self._insert(start, offset - start)
+            if block_end > end:
+                self._insert(end, block_end - end)
         self._used[offset] = need
         self.used += need
 
