@@ -92,7 +92,7 @@ def test_a_checksum_at_put_start_tells_the_owner_before_the_put_ends(durable: An
     report = p.result(news, HoldingsReport)
     assert [(h.key, h.replica.checksum) for h in report.added] == [("k", "c0ffee")]
     owner.send(p.PollHoldings("own", report.epoch, report.upto, wait=5))
-    time.sleep(0.1)
+    time.sleep(0.5)  # for the poll (its ack) to reach the master first, on a loaded machine too
     # confirmed already; were the end news to the owner, it would wait for an ack that the
     # owner (not polling again) never sends, and fail after the durable timeout
     assert writer.ask(p.PutEnd("k", "c0ffee")).ok
