@@ -11,9 +11,7 @@ from collections.abc import Iterator, Sequence
 
 from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT, Allocator
 from mooncake_cli.store.errors import InvalidReplica, SegmentAlreadyExists, SegmentNotFound
-from mooncake_cli.store.records import Replica, ReplicaStatus, Segment, Tier, evolve
-
-_PENDING = Replica("-", 0, 1)  # the template of a new pending replica
+from mooncake_cli.store.records import Replica, ReplicaStatus, Segment, Tier
 
 
 class _Mount:
@@ -168,9 +166,8 @@ class SegmentTable:
                   else mounts):
             off = m.alloc.alloc(size)
             if off is not None:
-                s = m.segment  # a checked mount: the replica needs no checks of its own
-                return evolve(_PENDING, segment=s.name, offset=s.base + off, size=size,
-                              tier=s.tier, host=s.host)
+                s = m.segment  # a checked mount: the replica passes its checks
+                return Replica(s.name, s.base + off, size, s.tier, s.host)
         return None
 
     def release(self, r: Replica) -> int:

@@ -13,7 +13,7 @@ never see a pending block: it lives in `AddBook`, not in the object's replica li
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from mooncake_cli.store.errors import (
@@ -170,7 +170,7 @@ class Replication:
             except StoreError:
                 st.segments.release(p.replica)
                 raise
-            done = replace(p.replica, checksum=p.checksum, status=ReplicaStatus.COMPLETE)
+            done = evolve(p.replica, checksum=p.checksum, status=ReplicaStatus.COMPLETE)
             st.keep(evolve(meta, replicas=meta.replicas + (done,), last_access=now))
             st.count_copy("replica", meta.size)
 

@@ -15,7 +15,6 @@ so readers of the SSD replica are never cut off and evicting it again costs no c
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from mooncake_cli.store.errors import InvalidParams
 from mooncake_cli.store.eviction import choose_victims
@@ -80,7 +79,7 @@ class Tiering:
         if meta is None or not meta.complete or not any(_same(r, move.src)
                                                         for r in meta.replicas):
             return False
-        dst = replace(move.dst, checksum=move.checksum, status=ReplicaStatus.COMPLETE)
+        dst = evolve(move.dst, checksum=move.checksum, status=ReplicaStatus.COMPLETE)
         if move.kind == "offload":
             gone = [r for r in meta.replicas if r.tier == "dram"]
             st.segments.release_all(gone)

@@ -1,41 +1,30 @@
-"""Decoding the records replies carry many of (replica lists, holdings reports) through msgspec
-Structs that check, in C, what the records' own __post_init__ checks; the records are then
-made without running those checks again. (Decoding a dataclass runs its __post_init__: a fifth
-of a batch get, and most of a holdings report, went there.)
+"""Decoding the records replies carry many of (replica lists, holdings reports). Replicas are
+msgspec Structs decoded as they are (their one-expression check runs); configs go through a
+Struct that checks, in C, what the dataclass's own __post_init__ checks, and are then made
+without running those checks again. (Decoding a dataclass runs its __post_init__: a fifth of a
+batch get, and most of a holdings report, went there.) A record refused by its own checks is a
+ValidationError, as one msgspec refuses.
 
     replicas = DECODERS[list[Replica]].decode(raw)
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.records import (
-    MAX_OBJECT_SIZE,
     MAX_REPLICAS,
     Replica,
-    ReplicaStatus,
     ReplicateConfig,
-    Tier,
     check_key,
 )
 from mooncake_cli.store.reports import Gone, HoldingsReport, _held
 
-_Count = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class ReplicaIn(msgspec.Struct, frozen=True):
-    segment: Annotated[str, msgspec.Meta(min_length=1)]
-    offset: _Count
-    size: Annotated[int, msgspec.Meta(ge=1, le=MAX_OBJECT_SIZE)]
-    tier: Tier = "dram"
-    host: str = ""
-    checksum: str | None = None
-    status: ReplicaStatus = ReplicaStatus.PENDING
-    note_at: _Count = 0
-    note_seq: _Count = 0
+R = TypeVar("R")
 
 
 class ConfigIn(msgspec.Struct, frozen=True):
@@ -49,7 +38,7 @@ class ConfigIn(msgspec.Struct, frozen=True):
 
 class HeldIn(msgspec.Struct, frozen=True):
     key: str
-    replica: ReplicaIn
+    replica: Replica
     config: ConfigIn = ConfigIn()
 
 
@@ -74,11 +63,6 @@ def _record(cls: type, fields: dict[str, Any]) -> Any:
     return out
 
 
-def replica(r: ReplicaIn) -> Replica:
-    """The record of a checked replica."""
-    return _record(Replica, msgspec.structs.asdict(r))
-
-
 _DEFAULT_IN, _DEFAULT_CONFIG = ConfigIn(), ReplicateConfig()
 
 
@@ -89,12 +73,20 @@ def config(c: ConfigIn) -> ReplicateConfig:
     return _record(ReplicateConfig, msgspec.structs.asdict(c))
 
 
+def _checked(decode: Callable[[Any], R], raw: Any) -> R:
+    """`decode(raw)`, a record's refusal (its __post_init__) turned into a ValidationError."""
+    try:
+        return decode(raw)
+    except StoreError as e:
+        raise msgspec.ValidationError(str(e)) from None
+
+
 class _Replicas:
     def __init__(self) -> None:
-        self._dec = msgspec.msgpack.Decoder(list[ReplicaIn])
+        self._dec = msgspec.msgpack.Decoder(list[Replica])
 
     def decode(self, raw: Any) -> list[Replica]:
-        return [replica(r) for r in self._dec.decode(raw)]
+        return _checked(self._dec.decode, raw)
 
 
 class _Report:
@@ -102,8 +94,8 @@ class _Report:
         self._dec = msgspec.msgpack.Decoder(ReportIn)
 
     def decode(self, raw: Any) -> HoldingsReport:
-        r = self._dec.decode(raw)
-        added = tuple(_held(check_key(h.key), replica(h.replica), config(h.config))
+        r = _checked(self._dec.decode, raw)
+        added = tuple(_held(check_key(h.key), h.replica, config(h.config))
                       for h in r.added)
         removed = tuple(Gone(g.key, g.offset) for g in r.removed)
         return HoldingsReport(r.known, r.epoch, r.upto, r.reset, added, removed, r.ledger)
