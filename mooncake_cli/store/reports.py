@@ -164,9 +164,16 @@ class ReportBook:
             return
         key = new.key if new is not None else old.key if old is not None else ""
         told = self._told.get(key) if self._told else None
-        if told is None and (old is None or old.put_deadline is not None) and \
-                (new is None or new.put_deadline is not None):
-            return  # no complete replica on either side (a put started or revoked)
+        if told is None and (old is None or old.put_deadline is not None):
+            if new is None or new.put_deadline is not None:
+                return  # no complete replica on either side (a put started or revoked)
+            config = new.config  # a put ended: its complete DRAM replicas are news
+            for r in new.replicas:
+                if r.tier == "dram" and r.status is ReplicaStatus.COMPLETE and \
+                        (j := self._owner(r)) is not None:
+                    j.note(_held(key, r, config))  # the key was checked when the put started
+                    self._mark(j)
+            return
         before = _dram(old) if old is not None and old.put_deadline is None else {}
         after = _dram(new)
         for slot, r in before.items():

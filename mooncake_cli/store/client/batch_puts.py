@@ -54,31 +54,33 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
         written = io.write_batch(flat, rest, notes)  # remote writes in one batch
     except MooncakeError as e:  # the engine failed before any answer: none was written
         written = [TransferFailed(f"writing the batch: {e}")] * len(views)
-    done: list[tuple[int, str, str, Replica | None]] = []
+    done: list[int] = []
     revoke: list[str] = []
-    for i, (key, replicas) in enumerate(zip(keys, placed, strict=True)):
+    for i, key in enumerate(keys):
         if out[i] is not None:
             continue
         if written[i] is not None:
             out[i] = written[i]
             revoke.append(key)
             continue
-        own = [r for r in replicas if r.segment == io.engine.name]
-        csum = sums[i]
-        assert csum is not None  # every started put was hashed above
-        done.append((i, key, csum, own[0] if own else None))
+        assert sums[i] is not None  # every started put was hashed above
+        done.append(i)
     if revoke:
         _revoke(call, revoke)
     if done:
-        ends = call(p.BatchPutEnd([d[1] for d in done], [d[2] for d in done]), list[p.Reply])
-        for (i, key, csum, mine), item in zip(done, ends, strict=True):
-            try:
-                p.result(item, None)
-            except StoreError as e:
-                out[i] = e
+        ends = call(p.BatchPutEnd([keys[i] for i in done], [sums[i] for i in done]),
+                    list[p.Reply])
+        mine: list[tuple[str, Replica, str | None]] = []
+        name = io.engine.name
+        for i, item in zip(done, ends, strict=True):
+            if not item.ok:
+                out[i] = p.error_of(item)
                 continue
-            if mine is not None:
-                holdings.add(key, mine, csum, config)
+            for r in placed[i]:
+                if r.segment == name:
+                    mine.append((keys[i], r, sums[i]))
+                    break
+        holdings.add_all(mine, config)
     return out
 
 

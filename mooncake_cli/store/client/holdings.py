@@ -17,7 +17,7 @@ milliseconds).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import xxhash
 
@@ -44,6 +44,14 @@ class Holdings:
             config: ReplicateConfig | None = None) -> None:
         with self._lock:
             self._held[key] = self._entry(replica, checksum, config)
+
+    def add_all(self, items: Sequence[tuple[str, Replica, str | None]],
+                config: ReplicateConfig | None = None) -> None:
+        """`add` of each (key, replica, checksum), all put with `config`."""
+        with self._lock:
+            held, entry = self._held, self._entry
+            for key, replica, checksum in items:
+                held[key] = entry(replica, checksum, config)
 
     def _entry(self, r: Replica, checksum: str | None, config: ReplicateConfig | None) -> Entry:
         """The lock held."""

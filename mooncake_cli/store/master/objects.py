@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeAlias
 
+from msgspec.structs import replace
+
 from mooncake_cli.store.errors import (
     InvalidParams,
     InvalidWrite,
@@ -44,7 +46,6 @@ from mooncake_cli.store.records import (
 )
 
 DEFAULT_CONFIG = ReplicateConfig()
-_NEW = ObjectMeta("-", 1, (), DEFAULT_CONFIG, 0.0, 0.0)  # the template of a started put
 
 Keys: TypeAlias = list[str]  # inside Objects the name `list` is the method
 
@@ -141,9 +142,8 @@ class Objects:
             raise NoAvailableHandle(f"no room for a replica of {size} bytes in the "
                                     f"{tier} tier")
         placed = tuple(replicas)
-        st.admit(evolve(_NEW, key=key, size=size, replicas=placed, config=plan.config,
-                        created=now, last_access=now, put_deadline=plan.deadline,
-                        soft_pin_until=plan.pin))  # checked fields
+        st.admit(ObjectMeta(key, size, placed, plan.config, now, now, 0.0, plan.deadline,
+                            plan.pin))  # checked fields
         return placed
 
     def put_end(self, key: str, checksum: str | None = None) -> None:
@@ -174,9 +174,9 @@ class Objects:
             meta = st.live(key, now)  # ObjectNotFound (an expired put is dropped first)
         if meta.put_deadline is None:
             return  # a repeat
-        done = tuple(evolve(r, status=ReplicaStatus.COMPLETE, checksum=checksum)
-                     for r in meta.replicas)
-        st.ended(meta, evolve(meta, replicas=done, put_deadline=None, last_access=now))
+        done = tuple([replace(r, status=ReplicaStatus.COMPLETE, checksum=checksum)
+                      for r in meta.replicas])
+        st.ended(meta, replace(meta, replicas=done, put_deadline=None, last_access=now))
         st.counts["puts"] += 1
 
     def put_revoke(self, key: str) -> None:

@@ -98,12 +98,19 @@ def _decoder(kind: Any) -> Any:
     return dec
 
 
-def result(reply: Reply, kind: Any) -> Any:
-    """The reply's value as `kind`, or the StoreError it carries."""
+def error_of(reply: Reply) -> StoreError:
+    """The StoreError a refusal carries."""
+    return error_from_code(reply.code, reply.message)
+
+
+def result(reply: Reply, kind: Any, decoder: Any = None) -> Any:
+    """The reply's value as `kind` (None: no value wanted), or the StoreError it carries."""
     if not reply.ok:
-        raise error_from_code(reply.code, reply.message)
+        raise error_of(reply)
+    if kind is None:
+        return None
     try:
-        return _decoder(kind).decode(reply.result)
+        return (decoder or _decoder(kind)).decode(reply.result)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise StoreError(f"unexpected result from the master: {e}", ErrorCode.RPC_FAIL) from None
 
@@ -113,9 +120,10 @@ def results(replies: Sequence[Reply], kind: Any,
     """Per reply of a batch: its value as `kind` and None, or `failed` and its StoreError."""
     values: list[Any] = []
     errors: list[StoreError | None] = []
+    decoder = None if kind is None else _decoder(kind)
     for reply in replies:
         try:
-            values.append(result(reply, kind))
+            values.append(result(reply, kind, decoder))
             errors.append(None)
         except StoreError as e:
             values.append(failed)
