@@ -14,6 +14,14 @@ from mooncake_cli.store.reports import Gone, Held, HoldingsReport
 from mooncake_cli.store.wire import protocol as p
 
 GOOD = {"segment": "seg", "offset": 64, "size": 4096}
+DEFAULTS = {"tier": "dram", "host": "", "checksum": None, "status": "pending", "note_at": 0,
+            "note_seq": 0}
+
+
+def wire(replica: dict[str, Any]) -> list[Any]:
+    """A replica as the wire carries it: its fields in order (an array-like Struct)."""
+    fields = {**DEFAULTS, **replica}
+    return [fields[f] for f in Replica.__struct_fields__]
 
 
 def _reply(value: Any) -> p.Reply:
@@ -42,7 +50,9 @@ def test_replica_lists_and_reports_decode_to_the_records_they_were() -> None:
     {"note_at": -1}, {"note_seq": -2}, {"host": None},
 ])
 def test_a_replica_the_record_refuses_is_refused(bad: dict[str, Any]) -> None:
-    raw = p.encode([{**GOOD, **bad}])
+    assert p.result(p.Reply(True, result=msgspec.Raw(p.encode([wire(GOOD)]))),
+                    list[Replica]) == [Replica("seg", 64, 4096)]
+    raw = p.encode([wire({**GOOD, **bad})])
     with pytest.raises((msgspec.ValidationError, StoreError, TypeError, ValueError)):
         msgspec.msgpack.Decoder(list[Replica]).decode(raw)  # the dataclass's own checks
     with pytest.raises(StoreError) as e:
@@ -62,6 +72,10 @@ def test_a_replica_the_record_refuses_is_refused(bad: dict[str, Any]) -> None:
     {"key": "k", "replica": GOOD, "config": {"preferred_segments": ["s"] * 65}},
 ])
 def test_a_holdings_report_with_a_bad_record_is_refused(held: dict[str, Any]) -> None:
-    raw = p.encode({"known": True, "epoch": "e", "upto": 1, "added": [held]})
+    good = {"key": "k", "replica": wire(GOOD)}
+    report = {"known": True, "epoch": "e", "upto": 1, "added": [good]}
+    assert p.result(p.Reply(True, result=msgspec.Raw(p.encode(report))),
+                    HoldingsReport).added[0].key == "k"
+    raw = p.encode({**report, "added": [{**held, "replica": wire(held["replica"])}]})
     with pytest.raises(StoreError):
         p.result(p.Reply(True, result=msgspec.Raw(raw)), HoldingsReport)

@@ -136,7 +136,7 @@ class Segment:
         return self.base <= offset and offset + size <= self.base + self.size
 
 
-class Replica(msgspec.Struct, frozen=True, gc=False):
+class Replica(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """One copy of an object: `size` bytes at `offset` of transfer segment `segment` on `host`.
 
     `offset` is absolute in the transfer segment (the mount's base included), ready for a

@@ -16,7 +16,7 @@ from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.replica_adds import Call
 from mooncake_cli.store.client.replica_io import ReplicaIO
 from mooncake_cli.store.client.values import Gathered, checksum, readable
-from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed
+from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed, error_from_code
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.wire import protocol as p
 
@@ -39,8 +39,10 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
         sums.extend(None if lt else checksum(v) for v, lt in zip(views, later, strict=True))
     starts = call(p.BatchPutStart(list(keys), [len(v) for v in views], config, upsert=upsert,
                                   checksums=sums or None, notes=ha),  # type: ignore[arg-type]
-                  list[p.Reply], None if sums else meanwhile)
-    placed, out = p.results(starts, list[Replica], [])
+                  p.batch(list[Replica]), None if sums else meanwhile)
+    out: list[StoreError | None] = [None if ok else error_from_code(code, msg)
+                                    for ok, code, msg, _ in starts]
+    placed: list[list[Replica]] = [rs or [] for _, _, _, rs in starts]
     written: list[StoreError | None]
     try:
         rest = list(placed)
@@ -69,12 +71,12 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
         _revoke(call, revoke)
     if done:
         ends = call(p.BatchPutEnd([keys[i] for i in done], [sums[i] for i in done]),
-                    list[p.Reply])
+                    p.batch(None))
         mine: list[tuple[str, Replica, str | None]] = []
         name = io.engine.name
-        for i, item in zip(done, ends, strict=True):
-            if not item.ok:
-                out[i] = p.error_of(item)
+        for i, (ok, code, msg, _) in zip(done, ends, strict=True):
+            if not ok:
+                out[i] = error_from_code(code, msg)
                 continue
             for r in placed[i]:
                 if r.segment == name:

@@ -206,15 +206,15 @@ class StoreClient:
 
     def batch_get(self, keys: Sequence[str]) -> list[bytes | StoreError]:
         """The value of each key, or the error it met."""
-        items = self._call(p.BatchGetReplicaList(list(keys)), list[p.Reply])
+        items = self._call(p.BatchGetReplicaList(list(keys)), p.batch(list[Replica]))
         found: list[tuple[int, list[Replica]]] = []
         out: list[bytes | StoreError] = []
-        for i, item in enumerate(items):
-            try:
-                found.append((i, p.result(item, list[Replica])))
+        for i, item in enumerate(p.each(items)):
+            if isinstance(item, StoreError):
+                out.append(item)
+            else:
+                found.append((i, item))
                 out.append(b"")
-            except StoreError as e:
-                out.append(e)
         got = self.io.read_batch([keys[i] for i, _ in found], [rs for _, rs in found])
         for (i, _), value in zip(found, got, strict=True):
             out[i] = value
@@ -226,16 +226,17 @@ class StoreClient:
         error it met."""
         if len(keys) != len(buffers):
             raise InvalidParams(f"{len(keys)} keys but {len(buffers)} buffers")
-        items = self._call(p.BatchGetReplicaList(list(keys)), list[p.Reply])
+        items = self._call(p.BatchGetReplicaList(list(keys)), p.batch(list[Replica]))
         out: list[int | StoreError | None] = [None] * len(keys)
         todo: list[tuple[int, list[Replica], memoryview]] = []
-        for i, (buf, item) in enumerate(zip(buffers, items, strict=True)):
+        for i, (buf, item) in enumerate(zip(buffers, p.each(items), strict=True)):
+            if isinstance(item, StoreError):
+                out[i] = item
+                continue
             try:
-                todo.append((i, p.result(item, list[Replica]), host_view(buf)[0]))
+                todo.append((i, item, host_view(buf)[0]))
             except ValueError as e:
                 out[i] = InvalidParams(f"cannot read into {type(buf).__name__}: {e}")
-            except StoreError as e:
-                out[i] = e
         self._count_ssd([rs for _, rs, _ in todo])
         got = read_into(self.io, [keys[i] for i, _, _ in todo], [rs for _, rs, _ in todo],
                         [d for _, _, d in todo], [buffers[i] for i, _, _ in todo])
@@ -246,8 +247,7 @@ class StoreClient:
     def batch_get_buffers(self, keys: Sequence[str]) -> list[bytearray | StoreError]:
         """The bytes of each key in a new bytearray of its size (one master request, reads as
         `batch_get_into`), or the error it met."""
-        items = self._call(p.BatchGetReplicaList(list(keys)), list[p.Reply])
-        lists = [self._value(item, list[Replica]) for item in items]
+        lists = p.each(self._call(p.BatchGetReplicaList(list(keys)), p.batch(list[Replica])))
         self._count_ssd(lists)
         out: list[bytearray | StoreError] = []
         found: list[tuple[int, list[Replica], bytearray]] = []
@@ -281,8 +281,7 @@ class StoreClient:
         return bool(self._call(p.Exists(key), bool))
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool | StoreError]:
-        items = self._call(p.BatchExists(list(keys)), list[p.Reply])
-        return [self._value(item, bool) for item in items]
+        return p.each(self._call(p.BatchExists(list(keys)), p.batch(bool)))
 
     def batch_describe(self, keys: Sequence[str]) -> list[ObjectMeta | StoreError]:
         """`describe` of each key in one request: its metadata, or the error it met."""

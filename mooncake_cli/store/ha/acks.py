@@ -157,8 +157,8 @@ class Acks:
             self.poke()  # owners to wake
         if isinstance(request, p.PutStart):
             return p.ok(noted.get(request.key, value))
-        return p.ok([p.error(v) if isinstance(v, StoreError) else p.ok(noted.get(k, v))
-                     for k, v in zip(request.keys, value, strict=True)])
+        return p.replies([v if isinstance(v, StoreError) else noted.get(k, v)
+                          for k, v in zip(request.keys, value, strict=True)])
 
     def _mount(self, master: StoreMaster, request: p.MountSegment | p.Remount) -> p.Reply:
         """A (re)mount: its ledger numbers from the request's `ledger_next` from now on."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import msgspec
 
@@ -29,7 +29,7 @@ from mooncake_cli.store.wire.requests import *  # noqa: F403  (every request, fo
 from mooncake_cli.store.wire.requests import BATCHES, Request
 
 
-class Reply(msgspec.Struct, frozen=True):
+class Reply(msgspec.Struct, frozen=True, array_like=True):
     ok: bool
     code: int = 0
     message: str = ""
@@ -63,7 +63,12 @@ def error(e: StoreError) -> Reply:
     return Reply(False, int(e.code), str(e))
 
 
-_DONE = Reply(True, 0, "", msgspec.Raw(_ENCODER.encode(None)))  # a batch key's None result
+def replies(values: Sequence[Any]) -> Reply:
+    """The reply to a batch: per key a Reply of its value or its StoreError. Encoded in one go,
+    each key's Reply as the array it encodes to (no Reply or Raw made per key)."""
+    return Reply(True, 0, "", msgspec.Raw(_ENCODER.encode(
+        [[False, int(v.code), str(v), None] if isinstance(v, StoreError) else [True, 0, "", v]
+         for v in values])))
 
 
 def run(master: StoreMaster, req: Request) -> Reply:
@@ -72,10 +77,7 @@ def run(master: StoreMaster, req: Request) -> Reply:
         value: Any = req.call(master)
     except StoreError as e:
         return error(e)
-    if isinstance(req, BATCHES):
-        value = [_DONE if v is None else error(v) if isinstance(v, StoreError) else ok(v)
-                 for v in value]
-    return ok(value)
+    return replies(value) if isinstance(req, BATCHES) else ok(value)
 
 
 def decode_reply(body: bytes) -> Reply:
@@ -111,8 +113,26 @@ def result(reply: Reply, kind: Any, decoder: Any = None) -> Any:
         return None
     try:
         return (decoder or _decoder(kind)).decode(reply.result)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, StoreError) as e:  # StoreError: a
+        # record's own checks refused it
         raise StoreError(f"unexpected result from the master: {e}", ErrorCode.RPC_FAIL) from None
+
+
+_BATCH: dict[Any, Any] = {}
+
+
+def batch(kind: Any) -> Any:
+    """The kind to ask a batch request's reply as: per key a (ok, code, message, value as
+    `kind`) tuple, decoded in one go (see `each`)."""
+    k = _BATCH.get(kind)
+    if k is None:
+        k = _BATCH[kind] = list[tuple[bool, int, str, Optional[kind]]]  # noqa: UP045
+    return k
+
+
+def each(items: Sequence[tuple[bool, int, str, Any]]) -> list[Any]:
+    """Per key of a reply asked as `batch(kind)`: its value, or the StoreError it carries."""
+    return [v if ok else error_from_code(code, msg) for ok, code, msg, v in items]
 
 
 def results(replies: Sequence[Reply], kind: Any,
