@@ -79,6 +79,7 @@ def test_human_table_and_bad_options() -> None:
                         (["--mode", "nowhere"], "--mode"),
                         (["--sizes", "4MiB", "--segment-size", "1MiB"], "--segment-size"),
                         (["--tensor-sizes", "big"], "--tensor-sizes"),
+                        (["--rounds", "0"], "--rounds"),
                         (["--tensor-sizes", "1MiB", "--segment-size", "8MiB"], "--segment-size")):
         p = bench(*args, timeout=60)
         assert p.returncode == 2, (args, p.stderr)

@@ -8,14 +8,16 @@ measures with one client). *remote*: the benchmarking client contributes nothing
 client process (`mooncake store serve`, or upstream's own holder) holds every replica. With no
 `master` given our master runs in a child process (`python -m mooncake_cli.store.service`).
 With `compare_upstream`, upstream's `mooncake_master` and `MooncakeDistributedStore` (tcp) run
-each row right after ours, so noise hits both alike.
+each row in turn with ours, `rounds` turns each of duration/rounds, so the drift of a shared host
+falls on both sides; a row's ratios are the medians of its turns' ratios.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mooncake_cli.bench import store_workload as wl
@@ -43,12 +45,15 @@ class BenchStoreConfig:
     segment_size: int = size_field(1 << 30, "bytes the holding client contributes")
     compare_upstream: bool = False
     tensor_sizes: str = "16MiB"  # bf16 tensors of the put_tensor/get_tensor rows; "": none
+    rounds: int = 3  # with --compare-upstream: ours and upstream's alternate, duration/rounds each
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, not '{self.mode}'")
         if self.duration <= 0:
             raise ConfigError(f"--duration must be > 0 seconds, not {self.duration:g}")
+        if not 1 <= self.rounds <= 100:
+            raise ConfigError(f"--rounds must be in [1, 100], not {self.rounds}")
         if self.iterations < 0:
             raise ConfigError(f"--iterations must be >= 0 (0: no limit), not {self.iterations}")
         need = max(max(self.size_list) * max(self.batch_list) * 2,
@@ -222,22 +227,35 @@ class StoreBench:
         return wl.rows(self.cfg.size_list, self.cfg.batch_list) + tensor
 
     def run(self, row: wl.Row) -> Report:
+        """Ours, then upstream's when compared: in `rounds` alternating turns of
+        duration/rounds each, so that the drift of a shared host falls on both sides; the
+        ratios are the medians of the turns' ratios."""
         cfg = self.cfg
-        iterations = cfg.iterations or 1 << 62
         what = f"{row.op} {human_size(row.size)} x{row.batch}"
         via = "local" if cfg.mode == "local" else self._via()
-        ours = wl.run_row(self.store, row, cfg.duration, iterations, "ours", via,
-                          self.progress, f"ours {what}", self.prefix)
-        rep = Report(row, [ours])
-        if self._up is not None:
-            theirs = self._up.measure(row, cfg.duration, iterations, self.progress,
-                                      f"upstream {what}", "local" if via == "local" else "tcp")
-            rep.results.append(theirs)
+        turns = cfg.rounds if self._up is not None else 1
+        if cfg.iterations:  # the row's calls at most, shared out over the turns
+            turns = min(turns, cfg.iterations)
+        mine: list[Result] = []
+        theirs: list[Result] = []
+        for turn in range(turns):
+            tag = f" ({turn + 1}/{turns})" if turns > 1 else ""
+            iterations = (cfg.iterations // turns + (turn < cfg.iterations % turns)
+                          if cfg.iterations else 1 << 62)
+            mine.append(wl.run_row(self.store, row, cfg.duration / turns, iterations, "ours",
+                                   via, self.progress, f"ours {what}{tag}", self.prefix))
+            if self._up is not None:
+                theirs.append(self._up.measure(row, cfg.duration / turns, iterations,
+                                               self.progress, f"upstream {what}{tag}",
+                                               "local" if via == "local" else "tcp"))
+        rep = Report(row, [merged(mine)])
+        if theirs:
+            rep.results.append(merged(theirs))
             key = "transfers_per_s" if row.op == "exists" else "gbps"
-            if getattr(theirs, key) > 0:
-                rep.ratio = round(getattr(ours, key) / getattr(theirs, key), 3)
-            if ours.p50_us and theirs.p50_us:
-                rep.p50_ratio = round(ours.p50_us / theirs.p50_us, 3)
+            rep.ratio = _median([getattr(a, key) / getattr(b, key)
+                                 for a, b in zip(mine, theirs, strict=True) if getattr(b, key)])
+            rep.p50_ratio = _median([a.p50_us / b.p50_us for a, b in zip(mine, theirs, strict=True)
+                                     if a.p50_us and b.p50_us])
         elif cfg.compare_upstream:
             rep.skipped["upstream"] = self.upstream_skip
         bad = [r for r in rep.results if r.verified is False]
@@ -266,6 +284,31 @@ class StoreBench:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def merged(turns: list[Result]) -> Result:
+    """One side's turns of a row as one Result: totals summed, the rates over the summed time,
+    p50 and p99 the medians of the turns' (a turn that failed verification fails it)."""
+    if len(turns) == 1:
+        return turns[0]
+    first = turns[0]
+    nbytes, ops = sum(t.bytes for t in turns), sum(t.transfers for t in turns)
+    seconds = max(sum(t.seconds for t in turns), 1e-9)
+
+    def med(xs: list[float | None]) -> float | None:
+        got = [x for x in xs if x is not None]
+        return round(statistics.median(got), 2) if got else None
+    bad = [t for t in turns if t.verified is False]
+    verified = False if bad else first.verified
+    return replace(first, bytes=nbytes, transfers=ops, seconds=round(seconds, 4),
+                   gbps=round(nbytes / seconds / 1e9, 4),
+                   transfers_per_s=round(ops / seconds, 1),
+                   p50_us=med([t.p50_us for t in turns]), p99_us=med([t.p99_us for t in turns]),
+                   verified=verified, note=bad[0].note if bad else first.note)
 
 
 def run(cfg: BenchStoreConfig, base: TransferConfig, registry: Registry,

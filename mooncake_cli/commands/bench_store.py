@@ -34,7 +34,9 @@ def _human(reports: list[Report], cfg: BenchStoreConfig) -> Any:
         t = Table(title=f"bench store: {cfg.mode} mode ("
                         + ("replica in this client" if cfg.mode == "local" else
                            "replica on another client process")
-                        + f"), {cfg.duration:g} s per row",
+                        + f"), {cfg.duration:g} s per row"
+                        + (f" and side in {cfg.rounds} turns" if cfg.compare_upstream
+                           and cfg.rounds > 1 else ""),
                   title_justify="left", box=box.SIMPLE_HEAD, caption_justify="left",
                   padding=(0, 1), pad_edge=False,
                   caption="GB/s = 1e9 value bytes/s; ops/s = keys/s; p50/p99 per call (µs); "
@@ -81,6 +83,11 @@ def store(
     tensor_sizes: str = typer.Option(None, "--tensor-sizes", help="bf16 tensor sizes of the "
                                      "put_tensor/get_tensor rows (batches 1 and 4; our side "
                                      "through the compat API) [default: 16MiB; '': none]."),
+    rounds: int = typer.Option(None, "--rounds", help="With --compare-upstream: ours and "
+                               "upstream's take turns this many times per row, each for "
+                               "duration/rounds; ours÷ and p50÷ are the medians of the turns' "
+                               "ratios, p50/p99 the medians of the turns' (robust to a noisy "
+                               "host) [default: 3]."),
 ) -> None:
     """Measure put/get/batch GB/s and ops/s per value size, and exists / 4 KiB get latency;
     every row is read back and compared byte for byte."""
@@ -88,7 +95,7 @@ def store(
     cfg = load(BenchStoreConfig, "bench_store", out.config_file, mode=mode, master=master,
                sizes=sizes, batches=batches, duration=duration, iterations=iterations,
                segment_size=segment_size, compare_upstream=compare_upstream,
-               tensor_sizes=tensor_sizes)
+               tensor_sizes=tensor_sizes, rounds=rounds)
     base = c.transfer_config(out)
     registry = Registry.from_env()
     if out.json:
