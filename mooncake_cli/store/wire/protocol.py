@@ -84,7 +84,9 @@ def decode_reply(body: bytes) -> Reply:
     try:
         return _REPLY.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise StoreError(f"malformed reply from the master: {e}", ErrorCode.RPC_FAIL) from None
+        raise StoreError(f"malformed reply from the master: {e} (a master of another "
+                         "mooncake-cli version? masters and clients run the same one)",
+                         ErrorCode.RPC_FAIL) from None
 
 
 # by kind: the types the client asks (records that replies carry many of: incoming.py)
