@@ -25,7 +25,7 @@ import msgspec
 import xxhash
 
 from mooncake_cli.store.errors import InvalidParams
-from mooncake_cli.store.records import Replica, ReplicaStatus, ReplicateConfig
+from mooncake_cli.store.records import DEFAULT_CONFIG, Replica, ReplicaStatus, ReplicateConfig
 
 SLOT = 512  # bytes per record; a put whose record does not fit waits for the owner instead
 SLOTS = 2048  # records per ledger (1 MiB), puts under way and not yet confirmed by the owner
@@ -59,7 +59,7 @@ def encode(seq: int, key: str, r: Replica, checksum: str,
            config: ReplicateConfig | None) -> bytes | None:
     """The slot bytes of the record of replica `r` of `key`; None if it does not fit a slot."""
     payload = _encoder.encode(Record(seq, key, r.offset, r.size, checksum,
-                                     config or ReplicateConfig()))
+                                     config or DEFAULT_CONFIG))
     if _HEAD.size + len(payload) > SLOT:
         return None
     return _HEAD.pack(MAGIC, len(payload), xxhash.xxh3_64_intdigest(payload)) + payload

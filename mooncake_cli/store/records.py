@@ -227,6 +227,9 @@ class ReplicateConfig:
         return first + tuple(s for s in self.preferred_segments if s != self.preferred_segment)
 
 
+DEFAULT_CONFIG = ReplicateConfig()  # the one default: compared by identity (`is`) on hot paths
+
+
 class ObjectMeta(msgspec.Struct, frozen=True, gc=False):
     """What the master knows of one key. `put_deadline` is None once the put has ended.
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from mooncake_cli.store.master.placement import SegmentTable
 from mooncake_cli.store.records import (
+    DEFAULT_CONFIG,
     ObjectMeta,
     Replica,
     ReplicaStatus,
@@ -46,7 +47,7 @@ class Held:
 
     key: str
     replica: Replica
-    config: ReplicateConfig = ReplicateConfig()
+    config: ReplicateConfig = DEFAULT_CONFIG
 
     def __post_init__(self) -> None:
         check_key(self.key)

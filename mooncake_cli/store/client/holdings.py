@@ -21,10 +21,9 @@ from collections.abc import Callable, Sequence
 
 import xxhash
 
-from mooncake_cli.store.records import Replica, ReplicaStatus, ReplicateConfig
+from mooncake_cli.store.records import DEFAULT_CONFIG, Replica, ReplicaStatus, ReplicateConfig
 from mooncake_cli.store.reports import Held, HoldingsReport
 
-DEFAULT_CONFIG = ReplicateConfig()
 MAX_CONFIGS = 4096  # distinct configs kept by index; past them an entry holds its config
 # (segment, offset, size, tier, host, checksum, the config or its index in Holdings._configs)
 Entry = tuple[str, int, int, str, str, str | None, int | ReplicateConfig]

@@ -38,7 +38,7 @@ from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.ha.leader import NotLeader
 from mooncake_cli.store.ha.notes import Notes
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.records import Replica, ReplicateConfig
+from mooncake_cli.store.records import DEFAULT_CONFIG, Replica
 from mooncake_cli.store.reports import Journal, ReportBook
 from mooncake_cli.store.wire import protocol as p
 
@@ -131,7 +131,7 @@ class Acks:
         """Run a put_start and tell the owners of its replicas at once (with the checksum the
         writer sent); the marks wait for the put_end."""
         book = master.state.reports
-        config = request.config or ReplicateConfig()
+        config = request.config or DEFAULT_CONFIG
         with master.state.lock:
             wants = book.wants
             try:

@@ -33,6 +33,7 @@ from mooncake_cli.store.master.eviction import Eviction
 from mooncake_cli.store.master.state import MasterState
 from mooncake_cli.store.master.tiering import Tiering
 from mooncake_cli.store.records import (
+    DEFAULT_CONFIG,
     MAX_KEY_BYTES,
     ObjectMeta,
     Replica,
@@ -44,8 +45,6 @@ from mooncake_cli.store.records import (
     check_tier,
     evolve,
 )
-
-DEFAULT_CONFIG = ReplicateConfig()
 
 Keys: TypeAlias = list[str]  # inside Objects the name `list` is the method
 

@@ -20,7 +20,14 @@ from mooncake_cli.store.errors import (
     StoreError,
 )
 from mooncake_cli.store.master.state import MasterState
-from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, check_key, evolve
+from mooncake_cli.store.records import (
+    DEFAULT_CONFIG,
+    ObjectMeta,
+    Replica,
+    ReplicateConfig,
+    check_key,
+    evolve,
+)
 from mooncake_cli.store.reports import Held, HoldingsReport
 
 
@@ -100,7 +107,7 @@ class Rebuild:
                 st.segments.release_all(new)
                 raise
             if meta is None:  # leased as a get would be: a lease of the last master still holds
-                meta = ObjectMeta(key, size, tuple(new), config or ReplicateConfig(), now, now,
+                meta = ObjectMeta(key, size, tuple(new), config or DEFAULT_CONFIG, now, now,
                                   lease_until=now + st.lease_ttl)
             else:
                 meta = evolve(meta, replicas=meta.replicas + tuple(new))

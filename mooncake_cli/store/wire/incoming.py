@@ -17,6 +17,7 @@ import msgspec
 
 from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.records import (
+    DEFAULT_CONFIG,
     MAX_REPLICAS,
     Replica,
     ReplicateConfig,
@@ -63,13 +64,13 @@ def _record(cls: type, fields: dict[str, Any]) -> Any:
     return out
 
 
-_DEFAULT_IN, _DEFAULT_CONFIG = ConfigIn(), ReplicateConfig()
+_DEFAULT_IN = ConfigIn()
 
 
 def config(c: ConfigIn) -> ReplicateConfig:
     """The record of a checked config (the default one shared)."""
     if c == _DEFAULT_IN:
-        return _DEFAULT_CONFIG
+        return DEFAULT_CONFIG
     return _record(ReplicateConfig, msgspec.structs.asdict(c))
 
 
