@@ -155,6 +155,8 @@ class ReportBook:
         self._segments = segments
         self._journals: dict[str, Journal] = {}
         self._marks = threading.local()  # .found: {journal id: (journal, seq)} while collecting
+        self._collecting = 0  # threads inside `collect` (none: a note marks nothing)
+        self._collect_lock = threading.Lock()
         self.wants = 0
         # puts under way whose owners were told at put_start (announce): key -> {slot: replica}
         self._told: dict[str, dict[tuple[str, int], Replica]] = {}
@@ -229,6 +231,8 @@ class ReportBook:
         return out
 
     def _mark(self, journal: Journal) -> None:
+        if not self._collecting:
+            return
         found = getattr(self._marks, "found", None)
         if found is not None:
             found[id(journal)] = (journal, journal.seq)
@@ -239,9 +243,13 @@ class ReportBook:
         (filled in when it ends)."""
         marks: list[tuple[Journal, int]] = []
         self._marks.found = {}
+        with self._collect_lock:
+            self._collecting += 1
         try:
             yield marks
         finally:
+            with self._collect_lock:
+                self._collecting -= 1
             marks.extend(self._marks.found.values())
             self._marks.found = None
 
