@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from mooncake_cli.bench import store_tensors, store_upstream
-from mooncake_cli.bench.store import BenchStoreConfig, StoreBench
+from mooncake_cli.bench.stats import summarize
+from mooncake_cli.bench.store import BenchStoreConfig, StoreBench, merged
 from mooncake_cli.bench.store_workload import Row, run_row, verify
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.interfaces import MooncakeError
@@ -84,6 +85,18 @@ def test_human_table_and_bad_options() -> None:
         p = bench(*args, timeout=60)
         assert p.returncode == 2, (args, p.stderr)
         assert words in p.stderr and "Traceback" not in p.stderr
+
+
+def test_turns_merge_into_one_row() -> None:
+    a = summarize("ours", "local", "put", 4096, 2, 1, 8192, 2, 0.5, [0.1, 0.3], True)
+    b = summarize("ours", "local", "put", 4096, 2, 1, 24576, 6, 1.5, [0.2, 0.2, 0.5], True)
+    m = merged([a, b])
+    assert (m.bytes, m.transfers, m.seconds) == (32768, 8, 2.0)
+    assert m.gbps == round(32768 / 2.0 / 1e9, 4) and m.transfers_per_s == 4.0
+    assert m.p50_us == round((a.p50_us + b.p50_us) / 2, 2)  # the median of two turns
+    assert m.verified is True and merged([a]) is a
+    bad = summarize("ours", "local", "put", 4096, 2, 1, 8192, 2, 0.5, [0.1], False, "differ")
+    assert merged([a, bad, b]).verified is False and merged([a, bad, b]).note == "differ"
 
 
 class FlippingStore:
