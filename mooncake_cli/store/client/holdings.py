@@ -23,6 +23,8 @@ import xxhash
 
 from mooncake_cli.store.records import DEFAULT_CONFIG, Replica, ReplicaStatus, ReplicateConfig
 from mooncake_cli.store.reports import Held, HoldingsReport
+from mooncake_cli.store.wire.incoming import ReportIn
+from mooncake_cli.store.wire.incoming import config as config_of
 
 MAX_CONFIGS = 4096  # distinct configs kept by index; past them an entry holds its config
 # (segment, offset, size, tier, host, checksum, the config or its index in Holdings._configs)
@@ -76,8 +78,9 @@ class Holdings:
             if e is not None and (offset is None or e[1] == offset):
                 del self._held[key]
 
-    def apply(self, report: HoldingsReport) -> None:
-        """Take in a report of the master's (a reset replaces what was known)."""
+    def apply(self, report: HoldingsReport | ReportIn) -> None:
+        """Take in a report of the master's (a reset replaces what was known), as records or
+        as the checked Structs it was decoded into (the keeper's: no records made)."""
         with self._lock:
             if report.reset:
                 self._held = {}
@@ -88,7 +91,10 @@ class Holdings:
                 if e is not None and e[1] == g.offset:
                     del self._held[g.key]
             for h in report.added:
-                self._held[h.key] = self._entry(h.replica, h.replica.checksum, h.config)
+                cfg = h.config
+                self._held[h.key] = self._entry(
+                    h.replica, h.replica.checksum,
+                    cfg if isinstance(cfg, ReplicateConfig) else config_of(cfg))
             self.epoch, self.ack = report.epoch, report.upto
 
     def verified(self, view: Callable[[Replica], memoryview | None]) -> list[Held]:

@@ -20,9 +20,9 @@ from mooncake_cli.store import ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.records import Replica, Segment
-from mooncake_cli.store.reports import HoldingsReport
 from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.store.wire.fastlane import LaneSlot
+from mooncake_cli.store.wire.incoming import ReportIn
 
 log = logging.getLogger("mooncake.store")
 REGISTER_CHUNK = 1024  # replicas re-registered per request
@@ -57,8 +57,8 @@ class HoldingsKeeper:
                     return bool(self._after_mount())
                 return False
             h = self.holdings
-            report: HoldingsReport = self.conn.call(
-                p.PollHoldings(self.client_id, h.epoch, h.ack, wait), HoldingsReport)
+            report: ReportIn = self.conn.call(
+                p.PollHoldings(self.client_id, h.epoch, h.ack, wait), ReportIn)
             if report.known:
                 h.apply(report)
                 return bool(report.reset or report.added or report.removed)

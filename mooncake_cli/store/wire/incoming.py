@@ -90,16 +90,27 @@ class _Replicas:
         return _checked(self._dec.decode, raw)
 
 
-class _Report:
+class _ReportIn:
+    """A report as its checked Structs (keys checked too), for a client that applies it
+    straight away (Holdings.apply) and needs no records of it."""
+
     def __init__(self) -> None:
         self._dec = msgspec.msgpack.Decoder(ReportIn)
 
-    def decode(self, raw: Any) -> HoldingsReport:
+    def decode(self, raw: Any) -> ReportIn:
         r = _checked(self._dec.decode, raw)
-        added = tuple(_held(check_key(h.key), h.replica, config(h.config))
-                      for h in r.added)
+        for h in r.added:
+            _checked(check_key, h.key)
+        return r
+
+
+class _Report(_ReportIn):
+    def decode(self, raw: Any) -> HoldingsReport:  # type: ignore[override]
+        r = super().decode(raw)
+        added = tuple(_held(h.key, h.replica, config(h.config)) for h in r.added)
         removed = tuple(Gone(g.key, g.offset) for g in r.removed)
         return HoldingsReport(r.known, r.epoch, r.upto, r.reset, added, removed, r.ledger)
 
 
-DECODERS: dict[Any, Any] = {list[Replica]: _Replicas(), HoldingsReport: _Report()}
+DECODERS: dict[Any, Any] = {list[Replica]: _Replicas(), HoldingsReport: _Report(),
+                            ReportIn: _ReportIn()}
