@@ -3,7 +3,8 @@ msgspec Structs decoded as they are (their one-expression check runs); configs g
 Struct that checks, in C, what the dataclass's own __post_init__ checks, and are then made
 without running those checks again. (Decoding a dataclass runs its __post_init__: a fifth of a
 batch get, and most of a holdings report, went there.) A record refused by its own checks is a
-ValidationError, as one msgspec refuses.
+ValidationError, as one msgspec refuses. A client that only applies a holdings report asks
+for `ReportIn` (the checked Structs, no records made of them).
 
     replicas = DECODERS[list[Replica]].decode(raw)
 """
