@@ -2,10 +2,11 @@
 
 A request is one of the `Request` structs (requests.py, re-exported here), tagged by its `op`
 field ("put_start", "exists" ...). Each struct knows how to run itself against a StoreMaster
-(`call`). Every reply is a `Reply`:
-`ok`, an upstream-compatible `code` (0 or negative), a `message`, and `result`, the msgpack of
-the operation's value (decoded by the client with the type it expects). A batch operation's
-result is a list of `Reply`, one per key.
+(`call`). Every reply is a `Reply`, encoded as the array [ok, code, message, result]: `ok`, an
+upstream-compatible `code` (0 or negative), a `message`, and `result`, the msgpack of the
+operation's value (decoded by the client with the type it expects). A batch operation's result
+is a list of `Reply`, one per key, which a client may decode at once as (ok, code, message,
+value) tuples (`batch`, `each`). Masters and clients run the same mooncake-cli version.
 
 Framing over zmq: [body] or [body, mac], where mac is the HMAC-SHA256 of body keyed by the shared
 secret (required when the master has one). A REQ peer's empty delimiter frame is accepted too.
