@@ -286,8 +286,10 @@ class StoreBench:
         self.close()
 
 
-def _median(xs: list[float]) -> float | None:
-    return round(statistics.median(xs), 3) if xs else None
+def _median(xs: list[float] | list[float | None], digits: int = 3) -> float | None:
+    """The median of the values given (None ones left out), or None when there are none."""
+    got = [x for x in xs if x is not None]
+    return round(statistics.median(got), digits) if got else None
 
 
 def merged(turns: list[Result]) -> Result:
@@ -298,16 +300,13 @@ def merged(turns: list[Result]) -> Result:
     first = turns[0]
     nbytes, ops = sum(t.bytes for t in turns), sum(t.transfers for t in turns)
     seconds = max(sum(t.seconds for t in turns), 1e-9)
-
-    def med(xs: list[float | None]) -> float | None:
-        got = [x for x in xs if x is not None]
-        return round(statistics.median(got), 2) if got else None
     bad = [t for t in turns if t.verified is False]
     verified = False if bad else first.verified
     return replace(first, bytes=nbytes, transfers=ops, seconds=round(seconds, 4),
                    gbps=round(nbytes / seconds / 1e9, 4),
                    transfers_per_s=round(ops / seconds, 1),
-                   p50_us=med([t.p50_us for t in turns]), p99_us=med([t.p99_us for t in turns]),
+                   p50_us=_median([t.p50_us for t in turns], 2),
+                   p99_us=_median([t.p99_us for t in turns], 2),
                    verified=verified, note=bad[0].note if bad else first.note)
 
 

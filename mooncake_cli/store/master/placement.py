@@ -99,12 +99,8 @@ class SegmentTable:
 
     def client_of(self, r: Replica) -> str | None:
         """The client id of the mount holding replica `r`, None if its segment is gone."""
-        offset, end = r.offset, r.offset + r.size
-        for m in self._by_name.get(r.segment, ()):
-            s = m.segment
-            if s.base <= offset and end <= s.base + s.size:  # s.holds(r.offset, r.size)
-                return s.client_id
-        return None
+        m = self._find(r)
+        return m.segment.client_id if m is not None else None
 
     def aligned(self, size: int) -> int:
         return -(-size // self.alignment) * self.alignment
