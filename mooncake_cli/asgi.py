@@ -175,6 +175,16 @@ def edge_app(routes: Sequence[BaseRoute], limits: Limits | None = None,
     return app
 
 
+def run_loop(main: Coroutine[Any, Any, Any]) -> Any:
+    """`asyncio.run(main)`, on uvloop's loop where it is installed (its transports, timers
+    and callbacks are C: less CPU for every request a role serves or makes)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
 class Server:
     """`app` under uvicorn on a background thread. Binds at construction (port 0 picks a free
     one); serves once `start`ed, until `close`. Each of `background` is started as a task on
@@ -218,7 +228,7 @@ class Server:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-        asyncio.run(serve())
+        run_loop(serve())
 
     def start(self) -> Server:
         self._sock.listen(2048)

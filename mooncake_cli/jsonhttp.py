@@ -9,13 +9,12 @@ per host (one pool per process) with separate connect, read, write and pool time
 own client adds cookies, URL models and encoding detection that cost more CPU than a whole
 request between two roles, so they use its pool directly, and `client()` is a full httpx
 client for everything else. The async peer (the conductor's requests to the workers, its hot
-path) is an aiohttp session per event loop, with the same timeouts. A peer that cannot be
+path) is `h1pool`'s keep-alive pool per event loop, with the same timeouts. A peer that cannot be
 reached or breaks off raises OSError; a non-2xx event stream raises `PeerError`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import socket
@@ -25,10 +24,10 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import httpcore
 import httpx
 
+from mooncake_cli import h1pool
 from mooncake_cli.auth import Signer
 
 CONNECT_TIMEOUT = 5.0
@@ -39,8 +38,8 @@ PER_HOST, MAX_CONNECTIONS = 1024, 4096  # the async client's keep-alive connecti
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 FAILURES = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError,
             httpcore.UnsupportedProtocol)
-ASYNC_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 JSON_HEADERS = [(b"Content-Type", b"application/json")]
+JSON_HEAD = b"Content-Type: application/json\r\n"
 
 
 @dataclass
@@ -105,11 +104,12 @@ def _request(url: str, body: Body, method: str | None,
             "extensions": _extensions(seconds)}
 
 
-@functools.lru_cache(maxsize=64)
-def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
-    """aiohttp's form of the same timeouts (as `_extensions`)."""
-    return aiohttp.ClientTimeout(total=None, connect=min(POOL_TIMEOUT, seconds),
-                                 sock_connect=min(CONNECT_TIMEOUT, seconds), sock_read=seconds)
+@functools.lru_cache(maxsize=256)
+def _target(url: str) -> tuple[str, int, str]:
+    """(host, port, path with its query) of an http:// URL (ValueError for anything else)."""
+    host, port, _ = split(url)
+    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    return host, port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 def _answer(status: int, data: bytes, headers: Mapping[str, str] | httpx.Headers) -> Answer:
@@ -222,36 +222,39 @@ def events(url: str, body: dict[str, Any] | None = None,
 class AsyncPeer:
     """A pooled async client for one event loop (create it inside the loop that uses it).
 
-    aiohttp's connector keeps up to PER_HOST keep-alive connections per peer (MAX_CONNECTIONS
-    in all); its C parser and plain asyncio streams cost about a quarter of httpcore's CPU per
-    request (85 against 330 us here), which is most of what the conductor spends on a
-    request. Requests are signed with `auth` (the cluster secret's signer) when given."""
+    `h1pool.Pool` keeps up to PER_HOST keep-alive connections per peer (MAX_CONNECTIONS in
+    all), with the timeouts of `call`; it costs a third of aiohttp's CPU per request, which
+    was most of what the conductor spent on one. Requests are signed with `auth` (the cluster
+    secret's signer) when given."""
 
     def __init__(self, auth: Signer | None = None) -> None:
         self.auth = auth
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: h1pool.Pool | None = None
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=PER_HOST,
-                                             keepalive_timeout=KEEPALIVE_S)
-            self._session = aiohttp.ClientSession(
-                connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent",), auto_decompress=False)
-        return self._session
-
-    def _send(self, url: str, body: Body, method: str | None, seconds: float) -> Any:
-        verb, content, headers = _prepare(url, body, method, self.auth)
-        return self._client().request(verb, url, data=content,
-                                      headers={k.decode(): v.decode() for k, v in headers},
-                                      timeout=_client_timeout(seconds))
+    async def _send(self, url: str, body: Body, method: str | None,
+                    seconds: float) -> h1pool.Response:
+        host, port, target = _target(url)
+        verb = method or ("POST" if body is not None else "GET")
+        content = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        head = JSON_HEAD if body is not None else b""
+        if self.auth is not None:
+            name, value = self.auth.header(verb, target, content or b"")
+            head += b"%s: %s\r\n" % (name, value)
+        if self._pool is None:
+            self._pool = h1pool.Pool(PER_HOST, MAX_CONNECTIONS, KEEPALIVE_S)
+        return await self._pool.send(verb, host, port, target, head, content,
+                                     connect_s=min(CONNECT_TIMEOUT, seconds), read_s=seconds,
+                                     pool_s=min(POOL_TIMEOUT, seconds))
 
     async def call(self, url: str, body: Body = None, timeout_s: float = 30.0,
                    method: str | None = None) -> Answer:
         try:
-            async with self._send(url, body, method, timeout_s) as resp:
+            resp = await self._send(url, body, method, timeout_s)
+            try:
                 data = await resp.read()
-        except ASYNC_FAILURES as e:
+            finally:
+                resp.release()
+        except OSError as e:
             raise OSError(f"{url}: {type(e).__name__}: {e}") from e
         return _answer(resp.status, data, resp.headers)
 
@@ -260,18 +263,21 @@ class AsyncPeer:
         """`events`, asynchronously."""
         lines = _Lines(url)
         try:
-            async with self._send(url, body, None, timeout_s) as resp:
+            resp = await self._send(url, body, None, timeout_s)
+            try:
                 if resp.status >= 300:
                     raise _peer_error(resp.status, await resp.read())
-                async for chunk in resp.content.iter_any():  # to the end: the connection
-                    for event in lines.feed(chunk):         # goes back to the pool
+                async for chunk in resp.chunks():  # to the end: the connection goes back
+                    for event in lines.feed(chunk):  # to the pool
                         yield event
-        except ASYNC_FAILURES as e:
+            finally:
+                resp.release()
+        except OSError as e:
             raise OSError(f"{url}: the event stream broke: {type(e).__name__}: {e}") from e
         if not lines.done:
             raise OSError(f"{url}: the event stream ended before [DONE]")
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None

@@ -5,9 +5,11 @@
 
 A uvicorn app in its own process answers every POST with a small JSON body; this process sends
 `--requests` POSTs (a 100-token body, like a prefill request) at `--concurrency`: through
-httpcore's async pools as the client before aiohttp used them (shards of 2 connections), then
-through `jsonhttp.AsyncPeer` (aiohttp), twice each, alternating; it prints this process's CPU
-time per request (user + system).
+httpcore's async pools (shards of 2 connections, the first client), an aiohttp session set up
+as the second one was (where aiohttp is installed: it is no longer a dependency), and
+`jsonhttp.AsyncPeer` (h1pool, today's), twice each, alternating, on uvloop's loop where it is
+installed (`--loop asyncio` for asyncio's own); it prints this process's CPU time per request
+(user + system).
 """
 
 from __future__ import annotations
@@ -69,6 +71,19 @@ async def measure(kind: str, url: str, n: int, conc: int) -> dict[str, Any]:
             finally:
                 shard[1] -= 1
             json.loads(resp.content)
+    elif kind == "aiohttp":  # as the second AsyncPeer
+        import aiohttp
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=4096, limit_per_host=1024, keepalive_timeout=4),
+            cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",),
+            auto_decompress=False)
+        data = json.dumps(BODY).encode()
+        timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=5, sock_read=30)
+
+        async def one() -> None:
+            async with session.request("POST", url, data=data, timeout=timeout,
+                                       headers={"Content-Type": "application/json"}) as resp:
+                json.loads(await resp.read())
     else:
         peer = AsyncPeer()
 
@@ -87,6 +102,8 @@ async def measure(kind: str, url: str, n: int, conc: int) -> dict[str, Any]:
     if kind == "httpcore":
         for pool, _ in shards:
             await pool.aclose()
+    elif kind == "aiohttp":
+        await session.close()
     else:
         await peer.close()
     return {"client": kind, "cpu_us_per_request": round(used / n * 1e6, 1),
@@ -97,7 +114,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     a = ap.parse_args()
+    run = asyncio.run
+    if a.loop == "uvloop":
+        try:
+            import uvloop
+            run = uvloop.run
+        except ImportError:
+            print("uvloop is not installed: asyncio's loop", file=sys.stderr)
+    kinds = ["httpcore", "h1pool"]
+    try:
+        import aiohttp  # noqa: F401
+        kinds.insert(1, "aiohttp")
+    except ImportError:
+        print("aiohttp is not installed: its rows are left out", file=sys.stderr)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -113,8 +144,7 @@ def main() -> None:
                     raise SystemExit("the test server did not start") from None
                 time.sleep(0.1)
         url = f"http://127.0.0.1:{port}/v1/prefill"
-        rows = [asyncio.run(measure(kind, url, a.requests, a.concurrency))
-                for kind in ("httpcore", "aiohttp", "httpcore", "aiohttp")]
+        rows = [run(measure(kind, url, a.requests, a.concurrency)) for kind in kinds * 2]
     finally:
         server.terminate()
         server.wait(10)
