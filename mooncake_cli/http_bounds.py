@@ -14,6 +14,8 @@ TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
              b"content-type: text/plain; charset=utf-8\r\n"
              b"content-length: %d\r\nconnection: close\r\n\r\n" % len(_TOO_LARGE_BODY)
              + _TOO_LARGE_BODY)
+LINGER_S = 2.0  # how long a refused connection's input is still read (and dropped)
+
 
 def bounded_protocol(header_timeout: float, max_waiting: int, max_header: int = 64 << 10,
                      header_budget: int = 32 << 20) -> type[HttpToolsProtocol]:
@@ -31,6 +33,7 @@ def bounded_protocol(header_timeout: float, max_waiting: int, max_header: int = 
         _deadline: asyncio.TimerHandle | None = None
         _held = 0  # bytes received since the last request's headers were complete
         _heads = True  # what arrives now is (or begins) request headers, not a body
+        _lingering = False  # refused: the answer is sent, input is dropped until closing
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -53,6 +56,8 @@ def bounded_protocol(header_timeout: float, max_waiting: int, max_header: int = 
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering:
+                return
             if self._heads:
                 self._held += len(data)
                 held[0] += len(data)
@@ -61,8 +66,22 @@ def bounded_protocol(header_timeout: float, max_waiting: int, max_header: int = 
                     return
             super().data_received(data)
             if self._heads and self._held > max_header and not self.transport.is_closing():
-                self.transport.write(TOO_LARGE)
+                self._refuse()
+
+        def _refuse(self) -> None:
+            """431, then a lingering close: the answer and a FIN go out, what the client still
+            sends is read and dropped for up to LINGER_S (closing at once would answer it with
+            a reset, and a reset makes the client's kernel drop the unread 431)."""
+            self.transport.write(TOO_LARGE)
+            if not self.transport.can_write_eof():
                 self.transport.close()
+                return
+            self.transport.write_eof()
+            self._lingering = True
+            if self._deadline is not None:
+                self._deadline.cancel()
+            waiting.pop(self, None)
+            self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
 
         def on_headers_complete(self) -> None:
             self._heads = False
