@@ -149,7 +149,8 @@ def key_for(h: int, ns: KVNamespace) -> str:
 
 def block_keys(tokens: Sequence[int], ns: KVNamespace) -> list[str]:
     """One store key per full block of `tokens` (len(tokens) // block_size keys)."""
-    return [key_for(h, ns) for h in chain_hashes(tokens, ns)]
+    prefix = f"{KEY_PREFIX}/{ns.tag()}/"
+    return [f"{prefix}{h:032x}" for h in chain_hashes(tokens, ns)]
 
 
 def parse_key(key: str) -> tuple[str, str, tuple[int, int, int, int], str]:
