@@ -87,6 +87,9 @@ class BodyBudget:
         self.used -= n
 
 
+_timeout = getattr(asyncio, "timeout", None)
+
+
 async def body(request: Request) -> bytes:
     """The request body, within the app's `Limits` (413 when too large, 408 when too slow,
     503 when the server's body budget is spent), its declared length checked before reading.
@@ -112,7 +115,11 @@ async def body(request: Request) -> bytes:
             chunks.append(chunk)
 
     try:
-        await asyncio.wait_for(read(), limits.body_timeout)
+        if _timeout is not None:  # 3.11+: a deadline on this task, no task of its own
+            async with _timeout(limits.body_timeout):
+                await read()
+        else:
+            await asyncio.wait_for(read(), limits.body_timeout)
     except asyncio.TimeoutError:
         raise ServingError(ErrorCode.REQUEST_TIMEOUT, f"the request body took longer than "
                            f"{limits.body_timeout:g} s") from None
@@ -206,6 +213,7 @@ class Server:
         self.host, self.port = str(host), int(self._sock.getsockname()[1])
         config = uvicorn.Config(
             app, lifespan="off", log_level="warning", access_log=False, proxy_headers=False,
+            server_header=False,
             http=bounded_protocol(limits.header_timeout, max(1, limits.max_connections // 2),
                                   limits.max_header),
             loop="asyncio",

@@ -154,7 +154,7 @@ class Gate:
         self._nonces: OrderedDict[str, float] = OrderedDict()
 
     async def __call__(self, request: Request) -> Receive | None:
-        path = request.url.path
+        path = request.scope["path"]
         if path in PUBLIC:
             return None
         if path in self._openai:

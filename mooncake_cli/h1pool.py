@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator, Mapping
 
 import httptools
 
@@ -34,14 +33,28 @@ class PeerFailed(OSError):
     """The peer could not be reached, broke off, or answered what is not HTTP/1.1."""
 
 
-class Headers(dict[str, str]):
-    """Response headers, names lower-cased; `get` and `[]` take any case."""
+class Headers(Mapping[str, str]):
+    """Response headers, names lower-cased, any case looked up; decoded on first use."""
+
+    __slots__ = ("_raw", "_map")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+        self._map: dict[str, str] | None = None
+
+    def _decoded(self) -> dict[str, str]:
+        if self._map is None:
+            self._map = {n.decode("latin-1").lower(): v.decode("latin-1") for n, v in self._raw}
+        return self._map
 
     def __getitem__(self, name: str) -> str:
-        return super().__getitem__(name.lower())
+        return self._decoded()[name.lower()]
 
-    def get(self, name: str, default: Any = None) -> Any:
-        return super().get(name.lower(), default)
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
 
 
 class _Conn(asyncio.Protocol):
@@ -55,7 +68,8 @@ class _Conn(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        self.status, self.headers, self.header_bytes = 0, Headers(), 0
+        self.status, self.header_bytes = 0, 0
+        self.raw_headers: list[tuple[bytes, bytes]] = []
         self.got_headers = self.complete = self.paused = self.keep_alive = False
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
@@ -70,8 +84,8 @@ class _Conn(asyncio.Protocol):
         if self.idle_since is not None:
             self.pool._forget(self)
         elif (exc is None and self.got_headers and not self.complete
-              and "content-length" not in self.headers
-              and "transfer-encoding" not in self.headers):  # a body that ends at the close
+              and not any(n.lower() in (b"content-length", b"transfer-encoding")
+                          for n, _ in self.raw_headers)):  # a body that ends at the close
             self.complete = True
             self._wake()
         elif not self.complete:
@@ -94,7 +108,7 @@ class _Conn(asyncio.Protocol):
             self.refusal = PeerFailed(f"{self.where()}: headers over {self.pool.max_header} "
                                       f"bytes")
             raise self.refusal
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        self.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.status, self.got_headers = self.parser.get_status_code(), True
@@ -161,7 +175,7 @@ class Response:
 
     def __init__(self, conn: _Conn, read_s: float) -> None:
         self._conn, self._read_s = conn, read_s
-        self.status, self.headers = conn.status, conn.headers
+        self.status, self.headers = conn.status, Headers(conn.raw_headers)
         self._released = False
 
     async def read(self) -> bytes:

@@ -17,7 +17,7 @@ async def timed(events: AsyncIterator[dict[str, Any]], start: float,
                 metrics: ConductorMetrics) -> AsyncIterator[dict[str, Any]]:
     """`events` unchanged; the time to the first token and between tokens go to `metrics`.
     However it ends, `events` is closed (its booking released) before this returns."""
-    last, gaps, ttft = start, [], None
+    last, gaps, ttft, tokens = start, [], None, 0
     try:
         async for ev in events:
             if "token" in ev:
@@ -27,10 +27,12 @@ async def timed(events: AsyncIterator[dict[str, Any]], start: float,
                 else:
                     gaps.append(now - last)
                 last = now
-                metrics.add("completion_tokens_total")
+                tokens += 1
             yield ev
     finally:
         await events.aclose()  # type: ignore[attr-defined]
+        if tokens:
+            metrics.add("completion_tokens_total", tokens)
         metrics.observe(ttft, gaps)
 
 

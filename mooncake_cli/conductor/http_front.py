@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -45,7 +46,7 @@ def routes(conductor: Conductor, identities: Identities | None = None) -> list[R
             return Response(status_code=499)
         if isinstance(result, dict):
             note(request, request_id=result.get("id"), usage=result.get("usage"))
-            response: Response = JSONResponse(result)
+            response = Response(msgspec.json.encode(result), media_type="application/json")
         else:
             response = sse(result)
         response.headers.update(ticket.headers())

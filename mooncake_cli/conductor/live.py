@@ -207,7 +207,7 @@ class Conductor:
             tried.append(dname)
             return None, purl, ""
         chosen = decision.placement.chosen
-        body = roles.PrefillRequest.model_construct(  # our own values: nothing to check
+        body = roles.PrefillRequest(
             request_id=rid, token_ids=ids, decode=durl, sampling=req.sampling,
             # reuse only what the instance holds, unless the policy chose to fetch
             reuse="any" if chosen.fetch_blocks > chosen.local_blocks else "local")
@@ -223,9 +223,8 @@ class Conductor:
 
     async def _decode(self, placed: Placed, rid: str, ids: list[int], req: oa.Completion,
                       ticket: Ticket) -> AsyncIterator[dict[str, Any]]:
-        body = roles.GenerateRequest.model_construct(
-            request_id=rid, token_ids=ids, sampling=req.sampling,
-            first_token=placed.answer.first_token, stream=req.stream)
+        body = roles.GenerateRequest(request_id=rid, token_ids=ids, sampling=req.sampling,
+                                     first_token=placed.answer.first_token, stream=req.stream)
         sreq = Request(rid, len(ids), req.sampling.max_tokens, ())
         dname = placed.decision.decode or ""
         out = 0

@@ -20,7 +20,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -185,21 +184,27 @@ class WaitQueue:
 
 async def unless_gone(request: Request, work: Awaitable[T]) -> T | None:
     """`work`'s result, or None (`work` cancelled) when the client disconnects first — so a
-    request waiting in the queue for a client that left gives its place up."""
-    task = asyncio.ensure_future(work)
+    request waiting in the queue for a client that left gives its place up. `work` runs in
+    the caller's task; one watcher task cancels it when the client goes."""
+    me = asyncio.current_task()
+    left = False
 
     async def gone() -> None:
+        nonlocal left
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        left = True
+        if me is not None:
+            me.cancel()
 
     watch = asyncio.ensure_future(gone())
     try:
-        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        return None
     finally:
         watch.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    with suppress(asyncio.CancelledError):
-        await task
-    return None
+        if left and me is not None and hasattr(me, "uncancel"):
+            me.uncancel()  # the cancel was ours, and is spent
