@@ -100,7 +100,7 @@ def test_seeded_sampling_is_reproducible(llama: Path) -> None:
 
 
 def test_top_p_and_top_k_filter() -> None:
-    from mooncake_cli.engine.sampling import Sampler
+    from mooncake_cli.engine.sampler import Sampler
 
     logits = torch.tensor([[5.0, 4.9, 0.0, -1.0, -2.0]])
     gen = torch.Generator().manual_seed(0)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mooncake_cli.engine import ModelError, SamplingParams
-from mooncake_cli.engine.sampling import MIN_TEMPERATURE, Sampler
+from mooncake_cli.engine.sampler import Sampler
+from mooncake_cli.engine.sampling import MIN_TEMPERATURE
 
 
 @pytest.mark.parametrize("kw", [

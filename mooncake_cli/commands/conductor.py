@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -59,9 +59,11 @@ def start(
     audit_log: str = _opt("--audit-log", "audit_log", "FILE"),
 ) -> None:
     """Serve the OpenAI API and route each request to the best prefill/decode pair."""
-    from mooncake_cli.conductor.local_cluster import LocalCluster, parse_local
     from mooncake_cli.conductor.service import ConductorService
     from mooncake_cli.worker.config import WorkerConfig
+
+    if TYPE_CHECKING:
+        from mooncake_cli.conductor.local_cluster import LocalCluster
 
     out: Out = ctx.obj
     cfg = load(ConductorConfig, "conductor", config or out.config_file, host=host, port=port,
@@ -73,7 +75,9 @@ def start(
     tcfg = c.cluster_config(out, secret, secret_file)
     with c.stop_signals() as stop:
         svc: ConductorService | LocalCluster
-        if local:
+        if local:  # workers in this process: the engine (torch) loads only here
+            from mooncake_cli.conductor.local_cluster import LocalCluster, parse_local
+
             p, d = parse_local(local)
             worker = load(WorkerConfig, "prefill", config or out.config_file,
                           kv_blocks=kv_blocks)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from mooncake_cli.engine import catalog, demo
+from mooncake_cli.engine import catalog
 from mooncake_cli.engine.errors import ModelError
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, table
@@ -17,6 +17,8 @@ app = typer.Typer(no_args_is_help=False, invoke_without_command=True,
 
 
 def _rows() -> list[dict[str, object]]:
+    from mooncake_cli.engine import demo  # torch: only for the command that lists them
+
     rows: list[dict[str, object]] = []
     for m in catalog.CATALOG.values():
         cached = catalog.is_cached(m)

@@ -7,10 +7,13 @@ dominates on a CPU, for prefix-reuse and profile benchmarks.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:  # torch loads only where tensors are made
+    import torch
 
 SEED = 20240601
 LABEL = "random weights (seed {seed}): generates meaningless text"
@@ -32,6 +35,8 @@ DEMOS = {
 
 def demo_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Hugging Face-named float32 tensors for `cfg`, drawn from a generator seeded with SEED."""
+    import torch
+
     gen = torch.Generator().manual_seed(SEED)
     h, d = cfg.hidden_size, cfg.head_dim
 

@@ -19,7 +19,8 @@ from mooncake_cli.engine.batch import StepBatch
 from mooncake_cli.engine.errors import ModelError
 from mooncake_cli.engine.kvcache import KVCache
 from mooncake_cli.engine.loader import Model
-from mooncake_cli.engine.sampling import Sampler, SamplingParams
+from mooncake_cli.engine.sampler import Sampler
+from mooncake_cli.engine.sampling import SamplingParams
 from mooncake_cli.engine.sequence import Sequence, SequenceIds
 
 

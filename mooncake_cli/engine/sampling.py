@@ -1,12 +1,10 @@
-"""SamplingParams (validated, frozen) and the Sampler that turns logits into next tokens."""
+"""SamplingParams: validated and frozen, from the OpenAI edge to the engine (no torch here:
+the conductor imports it; `engine.sampler` turns logits into tokens)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-
-import torch
 
 from mooncake_cli.engine.errors import ModelError
 
@@ -46,38 +44,3 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-class Sampler:
-    """Next token per row of logits; seeded rows draw from their own torch.Generator. A row
-    that cannot be sampled (non-finite probabilities) falls back to its argmax, so one request
-    never fails the others of its batch."""
-
-    def __call__(self, logits: torch.Tensor, params: Seq[SamplingParams],
-                 generators: Seq[torch.Generator | None]) -> list[int]:
-        logits = logits.float()
-        out = logits.argmax(dim=-1).tolist()
-        for i, p in enumerate(params):
-            if not p.greedy:
-                try:
-                    out[i] = self._draw(logits[i], p, generators[i])
-                except RuntimeError:  # invalid probabilities: keep the argmax
-                    pass
-        return [int(t) for t in out]
-
-    @staticmethod
-    def _draw(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-        row = row.double() / p.temperature  # in float32, a tiny temperature overflows
-        if p.top_k and p.top_k < row.numel():
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_logits, order = torch.sort(row, descending=True)
-            probs = sorted_logits.softmax(-1)
-            drop = probs.cumsum(-1) - probs >= p.top_p  # keep the smallest set reaching top_p
-            row = row.clone()
-            row[order[drop]] = float("-inf")
-        probs = row.softmax(-1)
-        if gen is not None and gen.device != probs.device:
-            probs = probs.to(gen.device)
-        return int(torch.multinomial(probs, 1, generator=gen).item())

@@ -12,15 +12,16 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.engine import catalog, demo
 from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.errors import ModelError
 from mooncake_cli.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from mooncake_cli.kvkeys import model_id_from
+
+if TYPE_CHECKING:  # torch loads only where tensors are made
+    import torch
 
 
 @dataclass(frozen=True)
