@@ -13,7 +13,8 @@ frozen objects have doubled since the last one (and number at least FULL_FLOOR):
 CPython's own rule for full passes (a quarter more long-lived objects), but rarer, and never
 while the heap merely stays the size it is.
 
-Only for a server process's own main loop (`mooncake store master`, `mooncake store serve`):
+Only for a server process's own main loop (`settle` for `mooncake store master` and `store serve`,
+`freeze_startup` for the other roles):
 freezing is process-wide, so a library never calls it in its caller's process.
 """
 
@@ -41,6 +42,15 @@ def settle() -> None:
         gc.collect()
         gc.freeze()
         _after_full = gc.get_freeze_count()
+
+
+def freeze_startup() -> None:
+    """Once a server has started: collect, then freeze what start-up left (modules, the
+    served model's tokenizer and tables), so that no later collection scans it. On the
+    conductor a full collection walked 200k such objects in 90 ms, every ten seconds or so
+    under load (4% of its CPU); what requests make is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def wait_settling(stop: StopFlag, every_s: float = SETTLE_EVERY_S) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from mooncake_cli.auth import resolve_secret
 from mooncake_cli.config import TransferConfig, load
-from mooncake_cli.heap import wait_settling
+from mooncake_cli.heap import freeze_startup, wait_settling
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 from mooncake_cli.signals import StopFlag, stop_signals
@@ -45,8 +45,8 @@ def cluster_config(out: Out, secret: str | None, secret_file: str | None) -> Tra
 
 def wait_for_signal(stop: StopFlag | None = None, settle_heap: bool = False) -> None:
     """Block until `stop` is set (by `stop_signals`), or until Ctrl-C or SIGTERM;
-    `settle_heap`: meanwhile keep full garbage collections off what the server holds
-    (mooncake_cli/heap.py)."""
+    `settle_heap`: meanwhile keep full garbage collections off what the server holds, else
+    only off what it held at start-up (mooncake_cli/heap.py)."""
     if stop is None:
         with stop_signals() as stop:
             wait_for_signal(stop, settle_heap)
@@ -54,6 +54,7 @@ def wait_for_signal(stop: StopFlag | None = None, settle_heap: bool = False) -> 
     if settle_heap:
         wait_settling(stop)
         return
+    freeze_startup()
     while not stop.wait(3600):
         pass
 
