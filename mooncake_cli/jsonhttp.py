@@ -82,12 +82,17 @@ def _extensions(seconds: float) -> dict[str, Any]:
 Body = dict[str, Any] | bytes | None  # a JSON object, or one already encoded
 
 
+def _verb_content(body: Body, method: str | None) -> tuple[str, bytes | None]:
+    """A request's method (POST when it has a body) and its body bytes."""
+    verb = method or ("POST" if body is not None else "GET")
+    return verb, body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+
+
 def _prepare(url: str, body: Body, method: str | None,
              auth: Signer | None) -> tuple[str, bytes | None, list[tuple[bytes, bytes]]]:
     """A request's method, body bytes and headers (signed with `auth` when given)."""
     split(url)
-    verb = method or ("POST" if body is not None else "GET")
-    content = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    verb, content = _verb_content(body, method)
     headers = JSON_HEADERS if body is not None else []
     if auth is not None:
         parts = urllib.parse.urlsplit(url)
@@ -234,8 +239,7 @@ class AsyncPeer:
     async def _send(self, url: str, body: Body, method: str | None,
                     seconds: float) -> h1pool.Response:
         host, port, target = _target(url)
-        verb = method or ("POST" if body is not None else "GET")
-        content = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        verb, content = _verb_content(body, method)
         head = JSON_HEAD if body is not None else b""
         if self.auth is not None:
             name, value = self.auth.header(verb, target, content or b"")
