@@ -11,9 +11,16 @@ from mooncake_cli.compat import tensors
 from mooncake_cli.compat.codes import put_code
 from mooncake_cli.compat.types import native
 from mooncake_cli.store.client.values import Gathered
-from mooncake_cli.store.errors import ErrorCode
+from mooncake_cli.store.errors import ErrorCode, StoreError
 
 BAD, NO_HANDLE = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.NO_AVAILABLE_HANDLE)
+
+
+def _uninitialised(n: int) -> Any:
+    """A buffer of `n` bytes that is not zero-filled first (a get overwrites all of it)."""
+    import numpy as np
+
+    return np.empty(n, np.uint8)
 
 
 def _put(store: Any, keys: list[str], parts: list[tuple[Any, Any, Any]], config: Any,
@@ -73,9 +80,9 @@ def batch_get_tensor(self: Any, keys: list[str]) -> list[Any]:
 
     def load(c: Any) -> list[Any]:
         out = []
-        for buf in c.batch_get_buffers(keys):
+        for buf in c.batch_get_buffers(keys, _uninitialised):
             try:
-                out.append(tensors.from_bytes(buf) if isinstance(buf, bytearray) else None)
+                out.append(None if isinstance(buf, StoreError) else tensors.from_bytes(buf))
             except tensors.TensorError:
                 out.append(None)
         return out
