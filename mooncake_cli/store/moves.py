@@ -150,6 +150,8 @@ class MoveBook:
 
     def stale(self, now: float, timeout: float) -> list[Pending]:
         """Moves never handed out within `timeout` (their client does not poll), removed."""
+        if not self._moves:
+            return []
         old = [p for p in self._moves.values() if not p.handed and p.created + timeout <= now]
         for p in old:
             self.pop(p)

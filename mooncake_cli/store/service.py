@@ -165,7 +165,7 @@ class MasterService:
                                  ErrorCode.RPC_FAIL)
             request = protocol.decode_request(body)
             refusal = self.standby
-            if isinstance(request, protocol.WhoLeads):
+            if type(request) is protocol.WhoLeads:
                 reply = protocol.ok(self.leader())
             elif refusal is not None:
                 raise NotLeader(refusal())

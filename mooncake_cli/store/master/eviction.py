@@ -39,8 +39,11 @@ class Eviction:
         st = self.state
         self.tiering.expire(now)
         _, used, cap = st.segments.totals("dram")
-        over = used - self.tiering.moves.freeing() - st.high_watermark * cap
+        over = used - st.high_watermark * cap
         if cap == 0 or over <= 0:
+            return []
+        over -= self.tiering.moves.freeing()
+        if over <= 0:
             return []
         return self.make_room(now, int(over) + 1, "watermark")
 

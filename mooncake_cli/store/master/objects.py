@@ -57,7 +57,7 @@ class _Plan:
     def __init__(self, st: MasterState, config: ReplicateConfig, tier: Tier, upsert: bool,
                  now: float) -> None:
         self.config, self.tier, self.upsert, self.now = config, tier, upsert, now
-        self.preferred = config.preferred
+        self.preferred = () if config is DEFAULT_CONFIG else config.preferred
         self.deadline = now + st.put_timeout
         self.pin = st.soft_pin_end(config, now)
         self.fits: dict[int, int] = {}  # size -> segments.fitting (fixed while segments are)

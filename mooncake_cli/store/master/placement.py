@@ -31,6 +31,7 @@ class SegmentTable:
         # (aligned size, tier) -> [(name, mounts that can hold it)]: placement's candidates,
         # kept until a mount comes or goes
         self._fit: dict[tuple[int, Tier], list[tuple[str, list[_Mount]]]] = {}
+        self._tiers: dict[Tier, list[_Mount]] = {}  # the mounts of each tier, kept as _fit is
 
     def mount(self, seg: Segment) -> bool:
         """Add a mount; False if this very segment is already mounted (a harmless repeat)."""
@@ -48,6 +49,7 @@ class SegmentTable:
                     f"the mount at base {old.base}")
         self._by_name.setdefault(seg.name, []).append(_Mount(seg, self.alignment))
         self._fit.clear()
+        self._tiers.clear()
         return True
 
     def unmount(self, name: str, base: int | None = None) -> list[Segment]:
@@ -55,6 +57,7 @@ class SegmentTable:
         mounts = self._by_name.get(name, [])
         gone = [m for m in mounts if base is None or m.segment.base == base]
         self._fit.clear()
+        self._tiers.clear()
         if not gone:
             where = "" if base is None else f" at base {base}"
             raise SegmentNotFound(f"segment {name}{where} is not mounted")
@@ -75,7 +78,12 @@ class SegmentTable:
 
     def totals(self, tier: Tier) -> tuple[int, int, int]:
         """(mounts, used bytes, capacity) over every mount of `tier`."""
-        ms = [m for m in self._mounts() if m.segment.tier == tier]
+        ms = self._tiers.get(tier)
+        if ms is None:
+            ms = self._tiers[tier] = [m for m in self._mounts() if m.segment.tier == tier]
+        if len(ms) == 1:
+            a = ms[0].alloc
+            return 1, a.used, a.capacity
         return len(ms), sum(m.alloc.used for m in ms), sum(m.alloc.capacity for m in ms)
 
     def fitting(self, size: int, tier: Tier) -> int:

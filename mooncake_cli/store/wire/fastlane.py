@@ -58,6 +58,7 @@ class Lane:
         try:
             sock.connect(lane_name(address))
             self._handshake(sock)
+            wire.blocking_with_timeout(sock, timeout)  # no poll before each send and recv
         except (OSError, ConnectionError) as e:
             sock.close()
             raise RpcFailed(f"no store lane for {address}: {e}") from None

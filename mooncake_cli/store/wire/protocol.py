@@ -38,6 +38,7 @@ class Reply(msgspec.Struct, frozen=True, array_like=True):
 
 
 _ENCODER = msgspec.msgpack.Encoder()
+_BATCHES = frozenset(BATCHES)  # a set of the types: isinstance on a Struct costs 0.15 µs a class
 _REQUEST = msgspec.msgpack.Decoder(Request)
 _REPLY = msgspec.msgpack.Decoder(Reply)
 
@@ -78,7 +79,7 @@ def run(master: StoreMaster, req: Request) -> Reply:
         value: Any = req.call(master)
     except StoreError as e:
         return error(e)
-    return replies(value) if isinstance(req, BATCHES) else ok(value)
+    return replies(value) if type(req) in _BATCHES else ok(value)
 
 
 def decode_reply(body: bytes) -> Reply:
