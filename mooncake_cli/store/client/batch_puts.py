@@ -15,7 +15,7 @@ from mooncake_cli.store import ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.replica_adds import Call
 from mooncake_cli.store.client.replica_io import ReplicaIO
-from mooncake_cli.store.client.values import Gathered, checksum, readable
+from mooncake_cli.store.client.values import checksum, readable
 from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed, error_from_code
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.wire import protocol as p
@@ -32,8 +32,8 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
         raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
     views = [readable(v) for v in values]
     sums: list[str | None] = [checksum(v) for v in views] if ha else []  # else: below
-    later = [io.fuses(v, ha) for v in views]  # hashed as copied into our segment, else while
-    # the master works
+    later = io.fusing(views, ha)  # hashed as copied into our segment, else while the master
+    # works
 
     def meanwhile() -> None:
         sums.extend(None if lt else checksum(v) for v, lt in zip(views, later, strict=True))
@@ -51,9 +51,7 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
                 sums[i], rest[i] = io.write_hashed(view, placed[i])
         notes = [ledger.notes(k, rs, c or "", config)
                  for k, rs, c in zip(keys, placed, sums, strict=True)] if ha else ()
-        flat = [v.joined() if isinstance(v, Gathered) and rs else v
-                for v, rs in zip(views, rest, strict=True)]
-        written = io.write_batch(flat, rest, notes)  # remote writes in one batch
+        written = io.write_batch(views, rest, notes)  # remote writes in one batch
     except MooncakeError as e:  # the engine failed before any answer: none was written
         written = [TransferFailed(f"writing the batch: {e}")] * len(views)
     done: list[int] = []

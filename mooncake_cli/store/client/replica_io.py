@@ -21,7 +21,15 @@ from typing import Any
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store.client.landing import Landing
 from mooncake_cli.store.client.staging import Staging
-from mooncake_cli.store.client.values import FUSED, Gathered, checksum, copy_checked, copy_hashed
+from mooncake_cli.store.client.values import (
+    AHEAD,
+    FUSED,
+    Gathered,
+    checksum,
+    copy_checked,
+    copy_hashed,
+    copy_into,
+)
 from mooncake_cli.store.errors import (
     BufferOverflow,
     ChecksumMismatch,
@@ -68,11 +76,18 @@ class ReplicaIO:
             return None
         return region.view[start:start + r.size]
 
-    def fuses(self, view: memoryview | Gathered, ha: bool) -> bool:
-        """Whether a put of `view` hashes it as it copies it into this client's own region
-        (`write_hashed`) instead of beforehand: from FUSED bytes, with a region, without HA
-        (whose checksums go with the put start)."""
-        return not ha and self.region is not None and len(view) >= FUSED
+    def fusing(self, views: Sequence[memoryview | Gathered], ha: bool) -> list[bool]:
+        """Per value of a put, whether it is hashed as it is copied into this client's own
+        region (`write_hashed`) instead of while the master works on the put's start: past the
+        put's first AHEAD bytes, from FUSED bytes, with a region, without HA (whose checksums
+        go with the put start)."""
+        if ha or self.region is None:
+            return [False] * len(views)
+        out, total = [], 0
+        for v in views:
+            total += len(v)
+            out.append(total > AHEAD and len(v) >= FUSED)
+        return out
 
     def write_hashed(self, view: memoryview | Gathered,
                      replicas: Sequence[Replica]) -> tuple[str, list[Replica]]:
@@ -116,7 +131,7 @@ class ReplicaIO:
                 for st in statuses]
 
     # -- writes ----------------------------------------------------------------------------------
-    def write(self, view: memoryview, replicas: Sequence[Replica],
+    def write(self, view: memoryview | Gathered, replicas: Sequence[Replica],
               notes: Sequence[Note] = ()) -> None:
         """Write `view` to every replica (and its ledger `notes`); TransferFailed if any write
         fails."""
@@ -124,7 +139,8 @@ class ReplicaIO:
         if err is not None:
             raise err
 
-    def write_batch(self, views: Sequence[memoryview], replicas: Sequence[Sequence[Replica]],
+    def write_batch(self, views: Sequence[memoryview | Gathered],
+                    replicas: Sequence[Sequence[Replica]],
                     notes: Sequence[Sequence[Note]] = ()) -> list[StoreError | None]:
         """Write each view to its replicas, and each view's ledger `notes` (store/ledger.py),
         every remote write in one engine batch; per view None when all of its writes were done,
@@ -135,7 +151,7 @@ class ReplicaIO:
             for r in rs:
                 local = self.local_view(r)
                 if local is not None:
-                    local[:] = view
+                    copy_into(local, view)
                 else:
                     remote.append((i, r))
         far: list[tuple[int, Note]] = []
@@ -154,11 +170,12 @@ class ReplicaIO:
                     n = len(views[i])
                     if stage is not None:
                         assert stage.view is not None
-                        stage.view[pos:pos + n] = views[i]
+                        copy_into(stage.view[pos:pos + n], views[i])
                         where[i] = (stage, pos)
                         pos += n
                     else:  # too big to stage: register the value (or a writable copy of it)
                         v = views[i]
+                        v = v.joined() if isinstance(v, Gathered) else v
                         temps.append(self.engine.register(v if not v.readonly else bytearray(v)))
                         where[i] = (temps[-1], 0)
                 reqs = [TransferRequest(Op.WRITE, where[i][0], where[i][1], r.segment, r.offset,

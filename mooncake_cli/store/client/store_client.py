@@ -139,7 +139,7 @@ class StoreClient:
         `upsert`, replacing the object of that key if there is one)."""
         view = readable(data)
         sums: list[str] = [checksum(view)] if self._ha else []  # else while the master works
-        fused = self.io.fuses(view, self._ha)  # or as it is copied into our segment
+        fused = self.io.fusing([view], self._ha)[0]  # or as it is copied into our segment
         replicas = self._call(p.PutStart(key, len(view), config, upsert=upsert,
                                          checksum=sums[0] if sums else None, notes=self._ha),
                               list[Replica],

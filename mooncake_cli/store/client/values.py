@@ -20,8 +20,10 @@ from mooncake_cli.transfer.segment import host_view
 BLOCK = 1 << 20  # bytes copied, then hashed, at a time (copy_hashed). Not less: on an AMD EPYC
 # VM, glibc's memmove of 256 KiB blocks out of a memfd mapping ran at a third of the speed of
 # 1 MiB ones (its `rep movsb` range, it seems; scripts/bench_copy_hashed.py)
-FUSED = 64 << 10  # values from this size are hashed as they are copied into the own segment
-SPLIT = 1 << 20  # a part from this size is copied by two threads: the tail (TAIL of it) by a
+FUSED = 64 << 10  # values from this size may be hashed as they are copied into the own segment
+AHEAD = 2 << 20  # bytes of one put's values hashed while the master works on its start; past
+# them a value from FUSED bytes is hashed as it is copied (the copy then finds it in no cache)
+SPLIT = 2 << 20  # a part from this size is copied by two threads: the tail (TAIL of it) by a
 # helper while this one copies and hashes the head, then hashes the tail (16 MiB, 2 cores:
 # 2.2 -> 1.5 ms; one thread's memmove does not reach the memory's bandwidth here)
 TAIL = 0.75
@@ -119,6 +121,14 @@ def _helper() -> ThreadPoolExecutor:
             if _pool is None:
                 _pool = ThreadPoolExecutor(1, thread_name_prefix="mooncake-copy")
     return _pool
+
+
+def copy_into(dest: memoryview, src: memoryview | Gathered) -> None:
+    """Copy `src` (each part of a Gathered one in turn) into the start of `dest`."""
+    at = 0
+    for part in src.parts if isinstance(src, Gathered) else [src]:
+        dest[at:at + len(part)] = part
+        at += len(part)
 
 
 def copy_checked(dest: memoryview, src: memoryview, want: str | None) -> bool:
