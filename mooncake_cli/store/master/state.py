@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import msgspec
+
 from mooncake_cli.interfaces import EvictionPolicy
 from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT
 from mooncake_cli.store.errors import InvalidParams, ObjectNotFound
@@ -105,9 +107,11 @@ class MasterState:
         self.policy.touch(new.key, False)
 
     def lease(self, meta: ObjectMeta, now: float) -> ObjectMeta:
-        new = evolve(meta, last_access=now,
-                     lease_until=max(meta.lease_until, now + self.lease_ttl),
-                     soft_pin_until=self.soft_pin_end(meta.config, now))
+        until, config = now + self.lease_ttl, meta.config
+        new = msgspec.structs.replace(
+            meta, last_access=now, lease_until=until if until > meta.lease_until
+            else meta.lease_until,
+            soft_pin_until=self.soft_pin_end(config, now) if config.soft_pin else 0.0)
         if self.objects.get(meta.key) is not meta:
             return self.keep(new, hit=True)
         self.objects[meta.key] = new  # the same replicas: nothing for the journals
