@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import signal
+import time
+
 import numpy as np
 import pytest
 import xxhash
@@ -50,3 +53,23 @@ def test_a_value_larger_than_the_buffer_is_refused_before_any_copy() -> None:
     with pytest.raises(BufferOverflow):
         copy_hashed(memoryview(dest), memoryview(_bytes(values.SPLIT + 1, 4)))
     assert not dest.any()
+
+
+def test_a_forked_child_copies_large_values_with_a_helper_of_its_own() -> None:
+    import os
+
+    src = _bytes(2 * values.SPLIT, 5)
+    dest = np.zeros(len(src), np.uint8)
+    copy_hashed(memoryview(dest), memoryview(src))  # the parent's helper thread is started
+    pid = os.fork()
+    if pid == 0:  # the child: its copy must not wait on the parent's thread
+        ok = copy_hashed(memoryview(dest), memoryview(src)) == xxhash.xxh3_64_hexdigest(src)
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's copy waited on a helper thread it does not have")
+    assert os.waitstatus_to_exitcode(done[1]) == 0

@@ -6,6 +6,7 @@ value in one go, with it)."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -109,18 +110,22 @@ def copy_hashed(dest: memoryview, src: memoryview | Gathered) -> str:
     return h.hexdigest()
 
 
-_pool: ThreadPoolExecutor | None = None
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that started it, the pool)
 _pool_lock = threading.Lock()
 
 
 def _helper() -> ThreadPoolExecutor:
-    """The one thread that copies the tails of large values (started on first use)."""
+    """The one thread that copies the tails of large values (started on first use, and again
+    in a forked child, which inherits the pool but not its thread)."""
     global _pool
-    if _pool is None:
+    pool = _pool
+    if pool is None or pool[0] != os.getpid():
         with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(1, thread_name_prefix="mooncake-copy")
-    return _pool
+            pool = _pool
+            if pool is None or pool[0] != os.getpid():
+                pool = _pool = (os.getpid(),
+                                ThreadPoolExecutor(1, thread_name_prefix="mooncake-copy"))
+    return pool[1]
 
 
 def copy_into(dest: memoryview, src: memoryview | Gathered) -> None:
