@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from mooncake_cli.compat import tensors
 from mooncake_cli.compat.codes import put_code
 from mooncake_cli.compat.types import native
@@ -18,8 +20,6 @@ BAD, NO_HANDLE = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.NO_AVAILABLE_HANDL
 
 def _uninitialised(n: int) -> Any:
     """A buffer of `n` bytes that is not zero-filled first (a get overwrites all of it)."""
-    import numpy as np
-
     return np.empty(n, np.uint8)
 
 

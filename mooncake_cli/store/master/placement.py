@@ -81,7 +81,7 @@ class SegmentTable:
         ms = self._tiers.get(tier)
         if ms is None:
             ms = self._tiers[tier] = [m for m in self._mounts() if m.segment.tier == tier]
-        if len(ms) == 1:
+        if len(ms) == 1:  # one mount: no generator sums (1 µs of every put start)
             a = ms[0].alloc
             return 1, a.used, a.capacity
         return len(ms), sum(m.alloc.used for m in ms), sum(m.alloc.capacity for m in ms)

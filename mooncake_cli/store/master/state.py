@@ -107,11 +107,10 @@ class MasterState:
         self.policy.touch(new.key, False)
 
     def lease(self, meta: ObjectMeta, now: float) -> ObjectMeta:
-        until, config = now + self.lease_ttl, meta.config
+        until = now + self.lease_ttl
         new = msgspec.structs.replace(
             meta, last_access=now, lease_until=until if until > meta.lease_until
-            else meta.lease_until,
-            soft_pin_until=self.soft_pin_end(config, now) if config.soft_pin else 0.0)
+            else meta.lease_until, soft_pin_until=self.soft_pin_end(meta.config, now))
         if self.objects.get(meta.key) is not meta:
             return self.keep(new, hit=True)
         self.objects[meta.key] = new  # the same replicas: nothing for the journals
