@@ -16,8 +16,9 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectNotFound, RpcFailed, StoreError
 from mooncake_cli.store.fastlane import HEADER, AnswerLost, Lane, LaneServer, lane_name
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.protocol import Exists
+from mooncake_cli.store.protocol import BatchGetReplicaList, Exists
 from mooncake_cli.store.service import MasterService
+from mooncake_cli.store.wire import protocol
 from mooncake_cli.transfer.wire import HELLO
 
 pytestmark = pytest.mark.timeout(60)
@@ -112,14 +113,16 @@ def test_a_lost_lane_answer_is_not_sent_again_by_zmq(service, client) -> None:  
     svc.lane.close()
     slow = threading.Event()
 
-    def handle(frames: list[bytes]) -> bytes:
-        out = svc.handle(frames)
+    def late(send: Callable[[bytes], None], body: bytes) -> None:
         if slow.is_set():
             slow.clear()
             time.sleep(c.timeout + 0.5)  # applied, answered after the client gave up
-        return out
+        send(body)
 
-    svc.lane = LaneServer(svc.address, handle, None)
+    def serve(frames: list[bytes], send: Callable[[bytes], None]) -> None:
+        svc.serve(frames, lambda body: late(send, body))
+
+    svc.lane = LaneServer(svc.address, serve, None)
     c._lanes.close()  # the next call opens a lane to the slow server
     slow.set()
     with pytest.raises(RpcFailed) as err:
@@ -127,3 +130,28 @@ def test_a_lost_lane_answer_is_not_sent_again_by_zmq(service, client) -> None:  
     assert type(err.value) is AnswerLost, err.value  # not a resent PutStart's refusal
     assert c._lanes._lane is None
     assert c.describe("k").key == "k"  # the master did start that put: it was sent once
+
+
+def test_a_peer_that_never_reads_its_answers_stalls_only_its_own_lane(service, client) -> None:  # type: ignore[no-untyped-def]
+    """A batch get's answer goes out with the master's lock held (its leases follow it): a
+    peer that sends requests and never reads the answers must not keep that lock while its
+    socket is full, or every other client would wait for it."""
+    svc = service()
+    c = client(svc.address)
+    c.put("k", b"v" * 64)
+    body = protocol.encode(BatchGetReplicaList(["k"] * 2000))  # an answer of ~100 KB
+    hostile = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hostile.settimeout(3)
+    hostile.connect(lane_name(svc.address))
+    assert hostile.recv(HELLO.size, socket.MSG_WAITALL)[:3] == b"MCS"
+    hostile.settimeout(0.5)
+    with pytest.raises(TimeoutError):  # until the master, stuck on answers never read, stops
+        for _ in range(1000):  # reading requests too
+            hostile.sendall(HEADER.pack(len(body), 0) + body)
+    started = time.monotonic()
+    for i in range(20):
+        assert c.get("k") == b"v" * 64
+        assert c.batch_get(["k", "k"]) == [b"v" * 64] * 2
+        c.put(f"n{i}", b"x")
+    assert time.monotonic() - started < 2.0  # not one stall of the stuck send (10 s)
+    hostile.close()

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import zmq
 
@@ -39,6 +40,8 @@ from mooncake_cli.store.wire import curve, protocol
 from mooncake_cli.store.wire.fastlane import serve_lane
 
 log = logging.getLogger("mooncake.store")
+# requests whose master methods defer work past their answer (see MasterService.serve)
+_DEFERS = frozenset((protocol.BatchPutStart, protocol.BatchPutEnd, protocol.BatchGetReplicaList))
 
 
 class MasterService:
@@ -98,7 +101,7 @@ class MasterService:
             t.start()
         if self.metrics:
             self.metrics.start()
-        self.lane = serve_lane(self.address, self.handle, self._secret)  # same-host fast path
+        self.lane = serve_lane(self.address, self._lane_serve, self._secret)  # same-host fast path
 
     # -- serving ---------------------------------------------------------------------------------
     def _not_ready(self) -> str:
@@ -122,12 +125,11 @@ class MasterService:
                 if frames:
                     ident, rest = frames[:1], frames[1:]
                     delim = [b""] if len(rest) > 1 and rest[0] == b"" else []  # a REQ peer's
-                    answer = self.answer(rest[len(delim):])
-                    if isinstance(answer, Pending):
-                        held.append(([*ident, *delim], answer))
+                    to = [*ident, *delim]
+                    held_back = self.serve(rest[len(delim):], partial(self._send, to))
+                    if held_back is not None:
+                        held.append((to, held_back))
                         self.acks.loop_holds = True
-                    else:
-                        self._send([*ident, *delim], answer)
             now, still = time.monotonic(), []
             for to, h in held:
                 if h.ready() or now >= h.deadline:
@@ -152,8 +154,47 @@ class MasterService:
         answer = self.answer(frames)
         return answer if isinstance(answer, bytes) else protocol.encode(self.acks.block(answer))
 
+    def serve(self, frames: list[bytes], send: Callable[[bytes], None]) -> Pending | None:
+        """Answer one request by `send`, or return the answer held back. The work a request
+        defers (MasterState.defer: admitting a batch's puts, completing them, leases) runs
+        right after `send`, the master's lock held all along: nobody sees the state without
+        it, and the caller goes on while the master finishes. Never raises but `send`'s."""
+        request = self._request(frames)
+        if type(request) not in _DEFERS or self.acks.durable:  # durable: acks collect marks
+            answer = self._answer(request)
+            if isinstance(answer, Pending):
+                return answer
+            send(answer)
+            return None
+        st = self.master.state
+        with st.lock:
+            later: list[Callable[[], None]] = []
+            st.later = later
+            try:
+                answer = self._answer(request)
+            finally:
+                st.later = None
+            try:
+                send(answer)  # type: ignore[arg-type]  # no deferring request is held back
+            finally:
+                for work in later:
+                    try:
+                        work()
+                    except Exception:  # a bug must not take the master down
+                        log.exception("deferred store work failed")
+        return None
+
+    def _lane_serve(self, frames: list[bytes], send: Callable[[bytes], None]) -> None:
+        held_back = self.serve(frames, send)
+        if held_back is not None:
+            send(protocol.encode(self.acks.block(held_back)))
+
     def answer(self, frames: list[bytes]) -> bytes | Pending:
         """The encoded reply to one request, or the Pending answer held back; never raises."""
+        return self._answer(self._request(frames))
+
+    def _request(self, frames: list[bytes]) -> protocol.Request | bytes:
+        """The request in `frames`, or the encoded refusal of it."""
         try:
             if len(frames) not in (1, 2):
                 raise StoreError(f"a request is 1 or 2 frames, not {len(frames)}",
@@ -163,7 +204,18 @@ class MasterService:
                     len(frames) != 2 or not protocol.mac_ok(self._secret, body, frames[1])):
                 raise StoreError("request refused: missing or bad MAC (wrong secret?)",
                                  ErrorCode.RPC_FAIL)
-            request = protocol.decode_request(body)
+            return protocol.decode_request(body)
+        except StoreError as e:
+            return protocol.encode(protocol.error(e))
+        except Exception as e:  # a bug must not take the master down
+            log.exception("store request failed")
+            return protocol.encode(protocol.error(
+                StoreError(f"internal error: {type(e).__name__}: {e}")))
+
+    def _answer(self, request: protocol.Request | bytes) -> bytes | Pending:
+        if isinstance(request, bytes):
+            return request
+        try:
             refusal = self.standby
             if type(request) is protocol.WhoLeads:
                 reply = protocol.ok(self.leader())

@@ -111,6 +111,11 @@ class StoreMaster:
                     out.append(e)
         return out
 
+    def _chain(self, keys: Sequence[str]) -> None:
+        """The batch `keys` as a chain, after the batch's deferred work (MasterState.defer)."""
+        st = self.state
+        st.defer(lambda: st.chain(keys))
+
     def batch_put_start(self, keys: Sequence[str], sizes: Sequence[int],
                         config: ReplicateConfig | None = None, *,
                         tier: Tier = "dram", upsert: bool = False) -> Results[tuple[Replica, ...]]:
@@ -136,7 +141,7 @@ class StoreMaster:
             raise InvalidParams(f"a batch takes a list, not {type(keys).__name__}")
         with self._lock:
             out = self.objects.batch_put_end(keys, sums)
-            self.state.chain(keys)
+            self._chain(keys)
             return out
 
     def batch_put_revoke(self, keys: Sequence[str]) -> Results[None]:
@@ -147,7 +152,7 @@ class StoreMaster:
             raise InvalidParams(f"a batch takes a list, not {type(keys).__name__}")
         with self._lock:
             out = self.objects.batch_get_replica_list(keys)
-            self.state.chain(keys)
+            self._chain(keys)
             return out
 
     def batch_exists(self, keys: Sequence[str]) -> Results[bool]:

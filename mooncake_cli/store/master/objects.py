@@ -52,7 +52,8 @@ Keys: TypeAlias = list[str]  # inside Objects the name `list` is the method
 class _Plan:
     """What every put_start of one request shares (the config's derived values, the clock)."""
 
-    __slots__ = ("config", "tier", "upsert", "now", "preferred", "deadline", "pin", "fits")
+    __slots__ = ("config", "tier", "upsert", "now", "preferred", "deadline", "pin", "fits",
+                 "started", "admitted")
 
     def __init__(self, st: MasterState, config: ReplicateConfig, tier: Tier, upsert: bool,
                  now: float) -> None:
@@ -61,6 +62,8 @@ class _Plan:
         self.deadline = now + st.put_timeout
         self.pin = st.soft_pin_end(config, now)
         self.fits: dict[int, int] = {}  # size -> segments.fitting (fixed while segments are)
+        self.started: dict[str, ObjectMeta] | None = None  # a batch's, admitted once answered
+        self.admitted = 0  # how many of `started` are admitted already
 
 
 class Objects:
@@ -91,19 +94,31 @@ class Objects:
                         config: ReplicateConfig | None = None, *, tier: Tier = "dram",
                         upsert: bool = False) -> list[tuple[Replica, ...] | StoreError]:
         """`put_start` of each key (one check of the config, one watermark check at the end);
-        per key its replicas or the error it met."""
+        per key its replicas or the error it met. The objects are admitted (and the watermark
+        checked) as deferred work (MasterState.defer): the answer needs only the replicas."""
         config = self._config(config, tier)
         with self._lock:
-            now = self.now()
-            plan = _Plan(self.state, config, tier, upsert, now)
+            st, now = self.state, self.now()
+            plan = _Plan(st, config, tier, upsert, now)
+            plan.started = {}
             out: list[tuple[Replica, ...] | StoreError] = []
             for key, size in zip(keys, sizes, strict=True):
                 try:
                     out.append(self._start(key, size, plan))
                 except StoreError as e:
                     out.append(e)
-            self.eviction.relieve(now)
+            st.defer(lambda: self._admit(plan))
             return out
+
+    def _admit(self, plan: _Plan, relieve: bool = True) -> None:
+        """Admit the objects of `plan`'s batch not admitted yet (then check the watermark)."""
+        started, admit = plan.started or {}, self.state.admit
+        if len(started) > plan.admitted:
+            for meta in list(started.values())[plan.admitted:]:
+                admit(meta)
+            plan.admitted = len(started)
+        if relieve:
+            self.eviction.relieve(plan.now)
 
     @staticmethod
     def _config(config: ReplicateConfig | None, tier: Tier) -> ReplicateConfig:
@@ -114,16 +129,16 @@ class Objects:
         return config
 
     def _start(self, key: str, size: int, plan: _Plan) -> tuple[Replica, ...]:
-        """One put_start of `plan`, the lock held."""
+        """One put_start of `plan`, the lock held (a batch's object kept in `plan.started`)."""
         check_key(key)
         check_size(size)
-        st, tier, now = self.state, plan.tier, plan.now
+        st, tier, now, started = self.state, plan.tier, plan.now, plan.started
         old = st.objects.get(key)
         if old is not None and st.expire_put(key, now):
             old = None
         if old is not None and plan.upsert and old.complete:
             st.drop(key)
-        elif old is not None:
+        elif old is not None or (started is not None and key in started):
             if plan.upsert:
                 raise ReplicaNotReady(f"the put of {key!r} has not ended")
             raise ObjectAlreadyExists(f"object {key!r} already exists or is being put")
@@ -135,14 +150,19 @@ class Objects:
             raise NoAvailableHandle(f"no mounted {tier} segment can hold {size} bytes")
         replicas = st.segments.allocate(size, n, tier, plan.preferred, 1)
         if not replicas and tier == "dram":
+            self._admit(plan, relieve=False)  # the batch's objects so far: as if one by one
             self.eviction.evict(now, n * st.segments.aligned(size), "room")
             replicas = st.segments.allocate(size, n, tier, plan.preferred, 1)
         if not replicas:
             raise NoAvailableHandle(f"no room for a replica of {size} bytes in the "
                                     f"{tier} tier")
         placed = tuple(replicas)
-        st.admit(ObjectMeta(key, size, placed, plan.config, now, now, 0.0, plan.deadline,
-                            plan.pin))  # checked fields
+        meta = ObjectMeta(key, size, placed, plan.config, now, now, 0.0, plan.deadline,
+                          plan.pin)  # checked fields
+        if started is None:
+            st.admit(meta)
+        else:
+            started[key] = meta
         return placed
 
     def put_end(self, key: str, checksum: str | None = None) -> None:
@@ -152,18 +172,27 @@ class Objects:
 
     def batch_put_end(self, keys: Sequence[str], sums: Sequence[str | None]
                       ) -> list[None | StoreError]:
-        """`put_end` of each key (one clock reading); per key None or the error it met."""
+        """`put_end` of each key (one clock reading); per key None or the error it met. The
+        puts are checked at once and completed as deferred work (MasterState.defer)."""
         out: list[None | StoreError] = []
+        ending: list[tuple[ObjectMeta, str | None]] = []
         with self._lock:
-            now, end = self.now(), self._end
+            now, ends = self.now(), self._ends
             for key, checksum in zip(keys, sums, strict=True):
                 try:
-                    out.append(end(key, checksum, now))
+                    meta = ends(key, checksum, now)
                 except StoreError as e:
                     out.append(e)
+                    continue
+                if meta is not None:
+                    ending.append((meta, checksum))
+                out.append(None)
+            if ending:
+                self.state.defer(lambda: self._complete(ending, now))
         return out
 
-    def _end(self, key: str, checksum: str | None, now: float) -> None:
+    def _ends(self, key: str, checksum: str | None, now: float) -> ObjectMeta | None:
+        """The pending object a put_end of `key` completes; None for a repeat (complete)."""
         check_key(key)
         if checksum is not None and not isinstance(checksum, str):
             raise InvalidParams("checksum must be a string")
@@ -171,12 +200,24 @@ class Objects:
         meta = st.objects.get(key)
         if meta is None or (meta.put_deadline is not None and meta.put_deadline <= now):
             meta = st.live(key, now)  # ObjectNotFound (an expired put is dropped first)
-        if meta.put_deadline is None:
-            return  # a repeat
-        done = tuple([replace(r, status=ReplicaStatus.COMPLETE, checksum=checksum)
-                      for r in meta.replicas])
-        st.ended(meta, replace(meta, replicas=done, put_deadline=None, last_access=now))
-        st.counts["puts"] += 1
+        return None if meta.put_deadline is None else meta
+
+    def _end(self, key: str, checksum: str | None, now: float) -> None:
+        meta = self._ends(key, checksum, now)
+        if meta is not None:
+            self._complete([(meta, checksum)], now)
+
+    def _complete(self, ending: list[tuple[ObjectMeta, str | None]], now: float) -> None:
+        """Mark each object's replicas complete (a key ended twice in one batch: the first)."""
+        st, complete, n = self.state, ReplicaStatus.COMPLETE, 0
+        for meta, checksum in ending:
+            if st.objects.get(meta.key) is not meta:
+                continue  # completed by an earlier end of the same batch
+            done = tuple([replace(r, status=complete, checksum=checksum)
+                          for r in meta.replicas])
+            st.ended(meta, replace(meta, replicas=done, put_deadline=None, last_access=now))
+            n += 1
+        st.counts["puts"] += n
 
     def put_revoke(self, key: str) -> None:
         """Abandon a put that has not ended: its replicas are freed and the key forgotten."""
@@ -197,18 +238,25 @@ class Objects:
     def batch_get_replica_list(self, keys: Sequence[str]
                                ) -> list[tuple[Replica, ...] | StoreError]:
         """`get_replica_list` of each key (one clock reading); per key its replicas or the
-        error it met."""
+        error it met. The leases (and promotions) are deferred work (MasterState.defer)."""
         out: list[tuple[Replica, ...] | StoreError] = []
+        read: list[ObjectMeta] = []
         with self._lock:
-            now, get = self.now(), self._get
+            now, found = self.now(), self._found
             for key in keys:
                 try:
-                    out.append(get(key, now))
+                    meta = found(key, now)
                 except StoreError as e:
                     out.append(e)
+                    continue
+                read.append(meta)
+                out.append(meta.replicas)
+            if read:
+                self.state.defer(lambda: self._leases(read, now))
         return out
 
-    def _get(self, key: str, now: float) -> tuple[Replica, ...]:
+    def _found(self, key: str, now: float) -> ObjectMeta:
+        """The complete object a get of `key` reads (counted as a hit or a miss)."""
         check_key(key)
         st = self.state
         st.counts["gets"] += 1
@@ -220,9 +268,18 @@ class Objects:
             st.counts["misses"] += 1
             raise
         st.counts["hits"] += 1
-        meta = st.lease(meta, now)
-        # served from SSD this time; from DRAM once copied
-        self.tiering.promote(meta, now, self.eviction.evict_on)
+        return meta
+
+    def _leases(self, read: list[ObjectMeta], now: float) -> None:
+        """A lease for each object read; served from SSD this time, from DRAM once copied."""
+        st, promote, evict_on = self.state, self.tiering.promote, self.eviction.evict_on
+        leased = [st.lease(st.objects.get(meta.key) or meta, now) for meta in read]  # twice
+        for meta in leased:  # in one batch: leased again. Every read leased before a promotion
+            promote(meta, now, evict_on)  # evicts to make room: no replica answered is freed
+
+    def _get(self, key: str, now: float) -> tuple[Replica, ...]:
+        meta = self._found(key, now)
+        self._leases([meta], now)
         return meta.replicas
 
     def exists(self, key: str) -> bool:

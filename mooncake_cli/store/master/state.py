@@ -4,10 +4,12 @@
 that orders them, the client heartbeats and the counters. Every change of an object goes through
 it, so the policy and the holdings journals (reports.py) hear of each one explicitly: `admit`
 (a new object), `keep` (used: read or renewed), `set` (replicas changed, no use), `forget`
-(gone). The parts that keep books about objects (tiering's moves, replication's pending adds)
-subscribe to the events they need: `on_drop` (an object removed, before its replicas are freed),
-`on_shed` (an object's DRAM replicas evicted) and `on_lost` (segments unmounted). Every method
-expects the lock to be held.
+(gone). Work the answer to a request does not depend on goes through `defer`: a service runs
+it right after sending the answer, before it lets the lock go (service.py), so nobody sees the
+state without it; outside a service it runs at once. The parts that keep books about objects
+(tiering's moves, replication's pending adds) subscribe to the events they need: `on_drop` (an
+object removed, before its replicas are freed), `on_shed` (an object's DRAM replicas evicted)
+and `on_lost` (segments unmounted). Every method expects the lock to be held.
 """
 
 from __future__ import annotations
@@ -75,6 +77,14 @@ class MasterState:
         self.on_drop: list[Callable[[ObjectMeta], None]] = []
         self.on_shed: list[Callable[[ObjectMeta, bool], None]] = []  # (meta, gone)
         self.on_lost: list[Callable[[list[Segment]], None]] = []
+        self.later: list[Callable[[], None]] | None = None  # deferred work (a service's)
+
+    def defer(self, work: Callable[[], None]) -> None:
+        """Run `work` once the answer under way has gone out, the lock still held (or now)."""
+        if self.later is None:
+            work()
+        else:
+            self.later.append(work)
 
     # -- changes of objects ----------------------------------------------------------------------
     def set(self, meta: ObjectMeta) -> ObjectMeta:

@@ -14,7 +14,7 @@ arrives (a header announcing a large body allocates nothing by itself).
 
 Framing, both ways: a header of two u32 (body length, MAC length), the body, the MAC (the
 HMAC-SHA256 of the body when the master has a secret, as on zmq). Requests are served one at a
-time per connection by `handle` (MasterService.handle: it never raises).
+time per connection by `serve` (MasterService.serve: it never raises but for the send).
 """
 
 from __future__ import annotations

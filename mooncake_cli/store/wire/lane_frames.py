@@ -58,7 +58,11 @@ def read_frames(sock: socket.socket, idle_ok: bool = False) -> list[bytes] | Non
     return [body] if not m else [body, recv(sock, m)]
 
 
+def frame(body: bytes, mac: bytes = b"") -> bytes:
+    return HEADER.pack(len(body), len(mac)) + body + mac
+
+
 def send_frames(sock: socket.socket, body: bytes, mac: bytes = b"") -> None:
-    sock.sendall(HEADER.pack(len(body), len(mac)) + body + mac)
+    sock.sendall(frame(body, mac))
 
 

@@ -13,23 +13,25 @@ from mooncake_cli.store.wire.lane_frames import (
     IO_TIMEOUT,
     MAGIC,
     MAX_LANES,
+    frame,
     lane_name,
     read_frames,
-    send_frames,
 )
 from mooncake_cli.transfer import wire
 from mooncake_cli.transfer.gate import Gate
 from mooncake_cli.transfer.served import Entry, Served
 
 log = logging.getLogger("mooncake.store")
+Send = Callable[[bytes], None]
 
 
 class LaneServer:
-    """Serves `handle(frames) -> reply body` on the lane of `address` (signed with `secret`)."""
+    """Serves `serve(frames, send)` on the lane of `address`: it answers each request by
+    `send(reply body)` once (signed with `secret` here), and may work on after sending."""
 
-    def __init__(self, address: str, handle: Callable[[list[bytes]], bytes],
+    def __init__(self, address: str, serve: Callable[[list[bytes], Send], None],
                  secret: bytes | None, max_lanes: int = MAX_LANES) -> None:
-        self._handle, self._secret = handle, secret
+        self._serve_one, self._secret = serve, secret
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(lane_name(address))
@@ -47,6 +49,11 @@ class LaneServer:
 
     def _serve(self, entry: Entry) -> None:
         conn = entry.conn
+        rest: list[bytes] = []
+
+        def send(body: bytes) -> None:
+            if data := self._send(conn, body):
+                rest.append(data)
         try:
             wire.blocking_with_timeout(conn, IO_TIMEOUT)
             while True:
@@ -57,8 +64,10 @@ class LaneServer:
                     continue
                 if not self.served.claim(entry):
                     return
-                body = self._handle(frames)
-                send_frames(conn, body, protocol.mac(self._secret, body) if self._secret else b"")
+                self._serve_one(frames, send)
+                for data in rest:  # what the socket did not take at once, sent now (the
+                    conn.sendall(data)  # master's lock let go: a peer that does not read
+                rest.clear()  # stalls its own lane only)
                 self.served.release(entry)
         except (OSError, ConnectionError) as e:
             log.debug("store lane connection ends: %s", e)
@@ -66,17 +75,26 @@ class LaneServer:
             self.served.remove(entry)
             conn.close()
 
+    def _send(self, conn: socket.socket, body: bytes) -> bytes:
+        """Send the frames of `body` as far as the socket takes them without waiting; the
+        rest."""
+        data = frame(body, protocol.mac(self._secret, body) if self._secret else b"")
+        try:
+            return data[conn.send(data, socket.MSG_DONTWAIT):]
+        except BlockingIOError:
+            return data
+
     def close(self) -> None:
         self.gate.close()  # the name is free once it returns
         self.served.shutdown_all()
 
 
-def serve_lane(address: str, handle: Callable[[list[bytes]], bytes],
+def serve_lane(address: str, serve: Callable[[list[bytes], Send], None],
                secret: bytes | None) -> LaneServer | None:
     """A LaneServer for `address`, or None (logged) where Unix sockets or the name are not to
     be had: clients then use zmq."""
     try:
-        return LaneServer(address, handle, secret)
+        return LaneServer(address, serve, secret)
     except (OSError, AttributeError) as e:
         log.info("no same-host store lane for %s: %s", address, e)
         return None

@@ -1,0 +1,107 @@
+"""Work a master defers past its answer (MasterState.defer): a batch's admissions, completions
+and leases run right after the answer is sent, the master's lock held from the request to the
+end of that work, so that no other request sees the state without it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from mooncake_cli.store.errors import ErrorCode
+from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.records import Segment
+from mooncake_cli.store.service import MasterService
+from mooncake_cli.store.wire import protocol as p
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def svc() -> Iterator[MasterService]:
+    s = MasterService(StoreMaster(), port=0)
+    s.master.mount_segment(Segment("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
+    yield s
+    s.close()
+
+
+def ask(svc: MasterService, request: p.Request,
+        on_send: Callable[[], None] | None = None) -> list[Any]:
+    """The per-key (ok, code, message, value) of a batch `request` served by `svc`;
+    `on_send()` runs when the answer is sent."""
+    sent: list[bytes] = []
+
+    def send(body: bytes) -> None:
+        if on_send is not None:
+            on_send()
+        sent.append(body)
+    assert svc.serve([p.encode(request)], send) is None
+    assert len(sent) == 1
+    reply = p.decode_reply(sent[0])
+    assert reply.ok, reply.message
+    return msgspec.msgpack.decode(reply.result)  # type: ignore[no-any-return]
+
+
+def test_a_batch_is_answered_before_its_objects_are_admitted_and_nobody_sees_between(svc) -> None:  # type: ignore[no-untyped-def]
+    st = svc.master.objects.state
+    keys = ["a", "b", "c"]
+    seen: dict[str, object] = {}
+    other: list[bool] = []
+
+    def meanwhile() -> None:  # when the answer goes out: nothing admitted yet ...
+        seen["start"] = [k in st.objects for k in keys]
+        t = threading.Thread(target=lambda: other.append(svc.master.exists("a")))
+        t.start()
+        t.join(0.3)
+        seen["other_waits"] = t.is_alive()  # ... and another request waits for the lock
+        seen["thread"] = t
+    starts = ask(svc, p.BatchPutStart(keys, [100, 100, 100], None), meanwhile)
+    assert [ok for ok, *_ in starts] == [True] * 3
+    assert seen["start"] == [False] * 3 and seen["other_waits"] is True
+    assert all(st.objects[k].put_deadline is not None for k in keys)  # admitted once sent
+    seen["thread"].join(5)  # type: ignore[attr-defined]
+    assert other == [False]  # it ran after the admissions: pending, not missing
+
+    def ended() -> None:
+        seen["end"] = [st.objects[k].complete for k in keys]
+    ends = ask(svc, p.BatchPutEnd(keys, ["s1", "s2", "s3"]), ended)
+    assert [ok for ok, *_ in ends] == [True] * 3
+    assert seen["end"] == [False] * 3
+    assert [st.objects[k].complete for k in keys] == [True] * 3
+    assert [st.objects[k].replicas[0].checksum for k in keys] == ["s1", "s2", "s3"]
+    assert st.counts["puts"] == 3
+
+    def leased() -> None:
+        seen["lease"] = st.objects["a"].lease_until
+    gets = ask(svc, p.BatchGetReplicaList(["a", "nope", "b"]), leased)
+    assert [(ok, code) for ok, code, *_ in gets] == [
+        (True, 0), (False, int(ErrorCode.OBJECT_NOT_FOUND)), (True, 0)]
+    assert seen["lease"] == 0.0 and st.objects["a"].lease_until > 0  # leased after the answer
+
+
+def test_a_key_twice_in_one_deferred_batch_acts_as_one_by_one(svc) -> None:  # type: ignore[no-untyped-def]
+    st = svc.master.objects.state
+    starts = ask(svc, p.BatchPutStart(["x", "x", "y"], [10, 10, 10], None))
+    assert [(ok, code) for ok, code, *_ in starts] == [
+        (True, 0), (False, int(ErrorCode.OBJECT_ALREADY_EXISTS)), (True, 0)]
+    ends = ask(svc, p.BatchPutEnd(["x", "x", "y"], ["first", "second", "y"]))
+    assert [ok for ok, *_ in ends] == [True] * 3  # the second end of x is a repeat
+    assert st.objects["x"].replicas[0].checksum == "first" and st.counts["puts"] == 2
+    again = ask(svc, p.BatchPutStart(["x", "x"], [10, 10], None, upsert=True))
+    assert [(ok, code) for ok, code, *_ in again] == [
+        (True, 0), (False, int(ErrorCode.REPLICA_IS_NOT_READY))]
+    assert len(ask(svc, p.BatchGetReplicaList(["y", "y"]))) == 2
+    assert st.objects["y"].lease_until > 0
+
+
+def test_a_failing_send_still_runs_the_deferred_work(svc) -> None:  # type: ignore[no-untyped-def]
+    st = svc.master.objects.state
+
+    def broken(body: bytes) -> None:
+        raise OSError("the peer went away")
+    with pytest.raises(OSError):
+        svc.serve([p.encode(p.BatchPutStart(["z"], [10], None))], broken)
+    assert st.objects["z"].put_deadline is not None and st.later is None
