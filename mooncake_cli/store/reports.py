@@ -27,6 +27,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import msgspec
+
 from mooncake_cli.store.master.placement import SegmentTable
 from mooncake_cli.store.records import (
     DEFAULT_CONFIG,
@@ -41,9 +43,9 @@ from mooncake_cli.store.records import (
 MAX_REPORT = 2048  # changes in one reply; the rest come with the next poll
 
 
-@dataclass(frozen=True)
-class Held:
-    """A complete replica of `key` (checksum included) and the config the object was put with."""
+class Held(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """A complete replica of `key` (checksum included) and the config the object was put with.
+    A Struct: a report carries thousands (the default config is left out of the wire)."""
 
     key: str
     replica: Replica
@@ -54,10 +56,8 @@ class Held:
 
 
 def _held(key: str, replica: Replica, config: ReplicateConfig) -> Held:
-    """A Held of fields the master checked already (its hot path: no checks again)."""
-    h = object.__new__(Held)
-    h.__dict__.update(key=key, replica=replica, config=config)
-    return h
+    """A Held of fields the master checked already."""
+    return Held(key, replica, config)
 
 
 @dataclass(frozen=True)
