@@ -60,9 +60,9 @@ def _held(key: str, replica: Replica, config: ReplicateConfig) -> Held:
     return Held(key, replica, config)
 
 
-@dataclass(frozen=True)
-class Gone:
-    """The replica of `key` at `offset` of the client's segment is no longer the master's."""
+class Gone(msgspec.Struct, frozen=True, gc=False):
+    """The replica of `key` at `offset` of the client's segment is no longer the master's.
+    (Like Held, never tracked by the garbage collector: journals hold many.)"""
 
     key: str
     offset: int
