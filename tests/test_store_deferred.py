@@ -105,3 +105,29 @@ def test_a_failing_send_still_runs_the_deferred_work(svc) -> None:  # type: igno
     with pytest.raises(OSError):
         svc.serve([p.encode(p.BatchPutStart(["z"], [10], None))], broken)
     assert st.objects["z"].put_deadline is not None and st.later is None
+
+
+def test_the_tick_expires_puts_from_the_puts_under_way_alone() -> None:
+    """Housekeeping looks at the puts that have not ended (MasterState.pending), not at
+    every object: each change of a put's state keeps that book."""
+    clock = [100.0]
+    m = StoreMaster(now=lambda: clock[0], put_timeout=5.0)
+    m.mount_segment(Segment("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
+    m.heartbeat("client-1")
+    st = m.objects.state
+    m.batch_put_start(["done", "revoked", "late", "dropped"], [10] * 4)
+    assert list(st.pending) == ["done", "revoked", "late", "dropped"]
+    m.batch_put_end(["done"])
+    m.put_revoke("revoked")
+    m.remove("dropped", force=True)
+    assert list(st.pending) == ["late"]
+    clock[0] += 4.0
+    m.heartbeat("client-1")
+    assert m.tick().discarded_puts == () and list(st.pending) == ["late"]
+    clock[0] += 2.0
+    m.heartbeat("client-1")
+    assert m.tick().discarded_puts == ("late",)
+    assert st.pending == {} and sorted(st.objects) == ["done"]
+    m.put_start("again", 10, upsert=True)
+    m.put_end("again")
+    assert st.pending == {}

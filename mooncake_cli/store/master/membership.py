@@ -74,8 +74,7 @@ class Membership:
             lost: list[str] = []
             for c in dead:
                 lost.extend(self.unmount_client(c))
-            stale = tuple(k for k, m in self.state.objects.items()
-                          if m.put_deadline is not None and m.put_deadline <= now)
+            stale = tuple(self.state.expired_puts(now))  # the puts under way, not every object
             for k in stale:
                 self.state.drop(k)
             return TickReport(dead, stale, tuple(lost), tuple(self.eviction.relieve(now)))

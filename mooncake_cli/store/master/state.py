@@ -68,6 +68,7 @@ class MasterState:
         self.segments = SegmentTable(alignment)
         self.reports = ReportBook(self.segments)  # what each client's segment holds
         self.objects: dict[str, ObjectMeta] = {}
+        self.pending: dict[str, None] = {}  # the keys whose puts have not ended, oldest first
         self.policy = make_policy(eviction) if isinstance(eviction, str) else eviction
         self.clients: dict[str, float] = {}  # client id -> last heartbeat
         self.counts = dict.fromkeys(("hits", "misses", "evictions", "puts", "gets", "offloads",
@@ -91,6 +92,10 @@ class MasterState:
         """Record `meta` (its replicas changed, or a lease: no use told to the policy)."""
         old = self.objects.get(meta.key)
         self.objects[meta.key] = meta
+        if meta.put_deadline is not None:
+            self.pending[meta.key] = None
+        elif old is not None and old.put_deadline is not None:
+            self.pending.pop(meta.key, None)
         if _journaled(old, meta):
             self.reports.note(old, meta)
         return meta
@@ -113,6 +118,7 @@ class MasterState:
     def ended(self, old: ObjectMeta, new: ObjectMeta) -> None:
         """The put of `old` ended as `new` (its replicas complete): `keep` of a known key."""
         self.objects[new.key] = new
+        self.pending.pop(new.key, None)
         self.reports.note(old, new)
         self.policy.touch(new.key, False)
 
@@ -134,6 +140,8 @@ class MasterState:
     def forget(self, key: str, evicted: bool = False) -> ObjectMeta:
         """Remove `key` from the index and the policy (its replicas are the caller's)."""
         meta = self.objects.pop(key)
+        if meta.put_deadline is not None:
+            self.pending.pop(key, None)
         self.reports.note(meta, None)
         self.policy.remove(key, evicted)
         return meta
@@ -183,6 +191,13 @@ class MasterState:
         if meta is None:
             raise ObjectNotFound(f"object {key!r} not found")
         return meta
+
+    def expired_puts(self, now: float) -> list[str]:
+        """The keys whose puts ran past their deadline (not dropped here)."""
+        objects = self.objects
+        return [k for k in self.pending
+                if (m := objects.get(k)) is not None and m.put_deadline is not None
+                and m.put_deadline <= now]
 
     def expire_put(self, key: str, now: float) -> bool:
         meta = self.objects.get(key)
