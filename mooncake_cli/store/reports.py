@@ -117,18 +117,20 @@ class Journal:
         if epoch != self.epoch:
             ack = 0  # the client never saw this journal: all of it again
         self.acked = max(self.acked, min(ack, self.seq))
-        while self._entries:
-            slot, (seq, _) = next(iter(self._entries.items()))
+        entries, done = self._entries, 0
+        for seq, _ in entries.values():  # oldest first: count what was acknowledged ...
             if seq > ack:
                 break
-            del self._entries[slot]
+            done += 1
+        for _ in range(done):  # ... and drop it from the front (no iterator made per entry)
+            entries.popitem(last=False)
         notes = self._notes
         while notes and notes[0][0] <= ack:
             self.ledger = max(self.ledger, notes.popleft()[1])
         added: list[Held] = []
         removed: list[Gone] = []
         upto = self.seq
-        for n, (seq, change) in enumerate(self._entries.values()):
+        for n, (seq, change) in enumerate(entries.values()):
             if n == MAX_REPORT:
                 upto = seq - 1
                 break
