@@ -175,7 +175,9 @@ class MasterService:
             finally:
                 st.later = None
             try:
-                send(answer)  # type: ignore[arg-type]  # no deferring request is held back
+                if isinstance(answer, Pending):
+                    return answer  # (none of these is held back today)
+                send(answer)
             finally:
                 for work in later:
                     try:

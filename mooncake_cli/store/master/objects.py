@@ -273,9 +273,10 @@ class Objects:
     def _leases(self, read: list[ObjectMeta], now: float) -> None:
         """A lease for each object read; served from SSD this time, from DRAM once copied."""
         st, promote, evict_on = self.state, self.tiering.promote, self.eviction.evict_on
-        leased = [st.lease(st.objects.get(meta.key) or meta, now) for meta in read]  # twice
-        for meta in leased:  # in one batch: leased again. Every read leased before a promotion
-            promote(meta, now, evict_on)  # evicts to make room: no replica answered is freed
+        leased = [st.lease(current, now) for meta in read  # a key read twice: leased again
+                  if (current := st.objects.get(meta.key)) is not None]
+        for meta in leased:  # every read leased before a promotion evicts to make room: no
+            promote(meta, now, evict_on)  # replica answered is freed
 
     def _get(self, key: str, now: float) -> tuple[Replica, ...]:
         meta = self._found(key, now)
