@@ -13,7 +13,7 @@ import pytest
 
 from mooncake_cli.store.errors import ErrorCode
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.records import Segment
+from mooncake_cli.store.records import ReplicateConfig, Segment
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.store.wire import protocol as p
 
@@ -131,3 +131,43 @@ def test_the_tick_expires_puts_from_the_puts_under_way_alone() -> None:
     m.put_start("again", 10, upsert=True)
     m.put_end("again")
     assert st.pending == {}
+
+
+def test_a_writer_s_own_puts_are_not_reported_back_to_it() -> None:
+    """A batch put ended with `own` (the writer's segment) leaves its replicas there out of the
+    owner's journal: the writer records them itself. Not when the journal still mentions the
+    key, not for another segment, not while changes are collected (HA); and a client that does
+    not follow that journal gets a snapshot holding them."""
+    m = StoreMaster()
+    m.mount_segment(Segment("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
+    m.mount_segment(Segment("far", "client-2", "127.0.0.2", 1 << 20, 64 << 20))
+    first = m.poll_holdings("client-1", "", 0)
+    epoch, ack = first.epoch, first.upto
+
+    def put(keys: list[str], own: str, preferred: str = "seg") -> None:
+        cfg = ReplicateConfig(preferred_segment=preferred)
+        assert all(not isinstance(r, Exception)
+                   for r in m.batch_put_start(keys, [10] * len(keys), cfg))
+        assert m.batch_put_end(keys, ["00"] * len(keys), own) == [None] * len(keys)
+
+    def news() -> list[str]:
+        nonlocal ack
+        r = m.poll_holdings("client-1", epoch, ack)
+        assert r.epoch == epoch and not r.reset
+        ack = r.upto
+        return sorted(h.key for h in r.added) + sorted(f"-{g.key}" for g in r.removed)
+
+    put(["a", "b"], "seg")
+    assert news() == []  # recorded by the writer: nothing comes back
+    put(["c"], "far")  # written by another client (its own segment is "far"): the owner of
+    assert news() == ["c"]  # the replica on "seg" is told, as before
+    put(["d"], "")
+    assert news() == ["d"]
+    m.remove("a", force=True)
+    put(["a"], "seg")  # the journal still mentions a (its removal, not acknowledged)
+    assert news() in (["a"], ["a", "-a"])  # so the new replica is told too
+    with m.objects.state.reports.collect():
+        put(["e"], "seg")
+    assert news() == ["e"]  # HA: every change goes to the owner, who confirms it
+    again = m.poll_holdings("client-1", "", 0)  # a client that follows another journal
+    assert again.reset and sorted(h.key for h in again.added) == ["a", "b", "c", "d", "e"]

@@ -99,6 +99,8 @@ class Journal:
         self.seq = 1  # 1: the reset itself; a client that acknowledged it has the snapshot
         self.acked = 0  # the last sequence number the client acknowledged of this journal
         self._entries: OrderedDict[tuple[str, int], tuple[int, Held | Gone]] = OrderedDict()
+        self._keys: dict[str, int] = {}  # key -> its entries (slots) in `_entries`
+        self.partial = False  # a put its writer recorded was left out (ReportBook.note's own)
         self.ledger = 0  # the put-ledger seq every acknowledged change supersedes
         self.wanted = 0  # the last seq a held answer waits for the client to acknowledge
         self._notes: deque[tuple[int, int]] = deque()  # (seq, ledger seq) not yet acknowledged
@@ -108,10 +110,16 @@ class Journal:
         self._notes.append((self.seq, ledger_seq))
 
     def note(self, change: Held | Gone) -> None:
-        slot = (change.key, change.replica.offset if isinstance(change, Held) else change.offset)
+        key = change.key
+        slot = (key, change.replica.offset if isinstance(change, Held) else change.offset)
         self.seq += 1
-        self._entries.pop(slot, None)
+        if self._entries.pop(slot, None) is None:
+            self._keys[key] = self._keys.get(key, 0) + 1
         self._entries[slot] = (self.seq, change)
+
+    def mentions(self, key: str) -> bool:
+        """Whether a change of `key` is not acknowledged yet (reported or not)."""
+        return key in self._keys
 
     def report(self, epoch: str, ack: int) -> HoldingsReport:
         if epoch != self.epoch:
@@ -122,8 +130,13 @@ class Journal:
             if seq > ack:
                 break
             done += 1
+        keys = self._keys
         for _ in range(done):  # ... and drop it from the front (no iterator made per entry)
-            entries.popitem(last=False)
+            key = entries.popitem(last=False)[0][0]
+            if (n := keys[key]) > 1:
+                keys[key] = n - 1
+            else:
+                del keys[key]
         notes = self._notes
         while notes and notes[0][0] <= ack:
             self.ledger = max(self.ledger, notes.popleft()[1])
@@ -163,8 +176,12 @@ class ReportBook:
         # puts under way whose owners were told at put_start (announce): key -> {slot: replica}
         self._told: dict[str, dict[tuple[str, int], Replica]] = {}
 
-    def note(self, old: ObjectMeta | None, new: ObjectMeta | None) -> None:
-        """An object changed from `old` to `new` (None: absent): journal its DRAM replicas."""
+    def note(self, old: ObjectMeta | None, new: ObjectMeta | None, own: str = "") -> None:
+        """An object changed from `old` to `new` (None: absent): journal its DRAM replicas.
+        A put that ended with `own`, the writer's segment: a replica there is recorded by the
+        writer itself, so its journal is not told of it when it mentions nothing else of that
+        key (an unacknowledged change of it could reach the writer after its own record and
+        undo it). Never while changes are collected (HA: the owner confirms each)."""
         if not self._journals:
             return
         key = new.key if new is not None else old.key if old is not None else ""
@@ -176,6 +193,10 @@ class ReportBook:
             for r in new.replicas:
                 if r.tier == "dram" and r.status is ReplicaStatus.COMPLETE and \
                         (j := self._owner(r)) is not None:
+                    if own and r.segment == own and not self._collecting and \
+                            not j.mentions(key):
+                        j.partial = True  # the writer's own record: no report back to it
+                        continue
                     j.note(_held(key, r, config))  # the key was checked when the put started
                     self._mark(j)
             return
@@ -274,11 +295,14 @@ class ReportBook:
                 journal.wanted = seq
                 self.wants += 1
 
-    def open(self, client_id: str, objects: Iterable[ObjectMeta]) -> Journal:
+    def open(self, client_id: str, objects: Iterable[ObjectMeta],
+             epoch: str | None = None) -> Journal:
         """The journal of `client_id`, started (with a snapshot of every complete DRAM replica
         its segments hold) when it has none."""
         journal = self._journals.get(client_id)
-        if journal is None:
+        if journal is None or (journal.partial and epoch is not None and epoch != journal.epoch):
+            # a client that does not follow a journal lacking the puts their writers recorded
+            # themselves (note's `own`) starts from a snapshot instead
             journal = self._journals[client_id] = Journal()
             for meta in objects:
                 for r in _dram(meta).values():
@@ -298,7 +322,7 @@ class ReportBook:
                objects: Iterable[ObjectMeta]) -> HoldingsReport:
         """The changes for `client_id` after `ack`; its first poll starts its journal with a
         snapshot of every complete DRAM replica its segments hold."""
-        return self.open(client_id, objects).report(epoch, ack)
+        return self.open(client_id, objects, epoch).report(epoch, ack)
 
     def drop(self, client_id: str) -> None:
         """Forget the journal of a client that left (its next poll starts a new one)."""

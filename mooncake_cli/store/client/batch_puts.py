@@ -68,10 +68,11 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
     if revoke:
         _revoke(call, revoke)
     if done:
-        ends = call(p.BatchPutEnd([keys[i] for i in done], [sums[i] for i in done]),
+        name = io.engine.name
+        own = "" if ha or io.region is None else name  # recorded below: no report back
+        ends = call(p.BatchPutEnd([keys[i] for i in done], [sums[i] for i in done], own),
                     p.batch(None))
         mine: list[tuple[str, Replica, str | None]] = []
-        name = io.engine.name
         for i, (ok, code, msg, _) in zip(done, ends, strict=True):
             if not ok:
                 out[i] = error_from_code(code, msg)

@@ -132,15 +132,16 @@ class StoreMaster:
         with self._lock:
             return [k for k in keys if self.objects.replica_clear(k, segment)]
 
-    def batch_put_end(self, keys: Sequence[str],
-                      checksums: Sequence[str | None] | None = None) -> Results[None]:
+    def batch_put_end(self, keys: Sequence[str], checksums: Sequence[str | None] | None = None,
+                      own: str = "") -> Results[None]:
+        """`own`: the writer's transfer segment, whose replicas the writer records itself."""
         sums: Sequence[str | None] = [None] * len(keys) if checksums is None else checksums
         if len(sums) != len(keys):
             raise InvalidParams(f"{len(keys)} keys but {len(sums)} checksums")
         if not isinstance(keys, (list, tuple)):
             raise InvalidParams(f"a batch takes a list, not {type(keys).__name__}")
         with self._lock:
-            out = self.objects.batch_put_end(keys, sums)
+            out = self.objects.batch_put_end(keys, sums, own if isinstance(own, str) else "")
             self._chain(keys)
             return out
 

@@ -170,10 +170,11 @@ class Objects:
         with self._lock:
             self._end(key, checksum, self.now())
 
-    def batch_put_end(self, keys: Sequence[str], sums: Sequence[str | None]
+    def batch_put_end(self, keys: Sequence[str], sums: Sequence[str | None], own: str = ""
                       ) -> list[None | StoreError]:
         """`put_end` of each key (one clock reading); per key None or the error it met. The
-        puts are checked at once and completed as deferred work (MasterState.defer)."""
+        puts are checked at once and completed as deferred work (MasterState.defer). `own`:
+        the writer's segment (ReportBook.note)."""
         out: list[None | StoreError] = []
         ending: list[tuple[ObjectMeta, str | None]] = []
         with self._lock:
@@ -188,7 +189,7 @@ class Objects:
                     ending.append((meta, checksum))
                 out.append(None)
             if ending:
-                self.state.defer(lambda: self._complete(ending, now))
+                self.state.defer(lambda: self._complete(ending, now, own))
         return out
 
     def _ends(self, key: str, checksum: str | None, now: float) -> ObjectMeta | None:
@@ -207,7 +208,8 @@ class Objects:
         if meta is not None:
             self._complete([(meta, checksum)], now)
 
-    def _complete(self, ending: list[tuple[ObjectMeta, str | None]], now: float) -> None:
+    def _complete(self, ending: list[tuple[ObjectMeta, str | None]], now: float,
+                  own: str = "") -> None:
         """Mark each object's replicas complete (a key ended twice in one batch: the first)."""
         st, complete, n = self.state, ReplicaStatus.COMPLETE, 0
         for meta, checksum in ending:
@@ -215,7 +217,8 @@ class Objects:
                 continue  # completed by an earlier end of the same batch
             done = tuple([replace(r, status=complete, checksum=checksum)
                           for r in meta.replicas])
-            st.ended(meta, replace(meta, replicas=done, put_deadline=None, last_access=now))
+            st.ended(meta, replace(meta, replicas=done, put_deadline=None, last_access=now),
+                     own)
             n += 1
         st.counts["puts"] += n
 

@@ -115,11 +115,12 @@ class MasterState:
         self.policy.touch(meta.key, hit)
         return meta
 
-    def ended(self, old: ObjectMeta, new: ObjectMeta) -> None:
-        """The put of `old` ended as `new` (its replicas complete): `keep` of a known key."""
+    def ended(self, old: ObjectMeta, new: ObjectMeta, own: str = "") -> None:
+        """The put of `old` ended as `new` (its replicas complete): `keep` of a known key.
+        `own`: the writer's segment, whose replicas it records itself (ReportBook.note)."""
         self.objects[new.key] = new
         self.pending.pop(new.key, None)
-        self.reports.note(old, new)
+        self.reports.note(old, new, own)
         self.policy.touch(new.key, False)
 
     def lease(self, meta: ObjectMeta, now: float) -> ObjectMeta:

@@ -178,11 +178,15 @@ class BatchReplicaClear(_Req, tag="batch_replica_clear"):
 
 
 class BatchPutEnd(_Req, tag="batch_put_end"):
+    """`own`: the writer's transfer segment; it records the replicas there in its holdings
+    itself, so its journal need not report them back (reports.py)."""
+
     keys: Keys
     checksums: Annotated[list[Checksum | None], msgspec.Meta(max_length=MAX_BATCH)] | None = None
+    own: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
     def call(self, m: StoreMaster) -> list[Any]:
-        return m.batch_put_end(self.keys, self.checksums)
+        return m.batch_put_end(self.keys, self.checksums, self.own)
 
 
 class BatchPutRevoke(_KeysReq, tag="batch_put_revoke"):
