@@ -16,7 +16,7 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectNotFound, RpcFailed, StoreError
 from mooncake_cli.store.fastlane import HEADER, AnswerLost, Lane, LaneServer, lane_name
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.protocol import BatchGetReplicaList, Exists
+from mooncake_cli.store.protocol import BatchGetReplicaList, BatchPutEnd, Exists
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.store.wire import protocol
 from mooncake_cli.transfer.wire import HELLO
@@ -155,3 +155,34 @@ def test_a_peer_that_never_reads_its_answers_stalls_only_its_own_lane(service, c
         c.put(f"n{i}", b"x")
     assert time.monotonic() - started < 2.0  # not one stall of the stuck send (10 s)
     hostile.close()
+
+
+def test_a_lost_batch_end_answer_still_held(service, client) -> None:  # type: ignore[no-untyped-def]
+    """A batch put's end goes out naming the writer's segment, so no report brings those
+    replicas back: when its answer is lost (maybe applied), the writer records them anyway."""
+    svc = service()
+    c = client(svc.address)
+    c.put("warm", b"w")
+    assert svc.lane is not None
+    svc.lane.close()
+    slow = threading.Event()
+
+    def late(send: Callable[[bytes], None], body: bytes) -> None:
+        if slow.is_set():
+            slow.clear()
+            time.sleep(c.timeout + 0.5)
+        send(body)
+
+    def serve(frames: list[bytes], send: Callable[[bytes], None]) -> None:
+        if type(protocol.decode_request(frames[0])) is not BatchPutEnd:
+            svc.serve(frames, send)
+        else:
+            svc.serve(frames, lambda body: late(send, body))
+
+    svc.lane = LaneServer(svc.address, serve, None)
+    c._lanes.close()
+    slow.set()
+    with pytest.raises(RpcFailed):
+        c.batch_put(["b1", "b2"], [b"x" * 100, b"y" * 100])
+    assert {"b1", "b2"} <= set(c.holdings.keys())  # recorded: the master did end them
+    assert [c.describe(k).complete for k in ("b1", "b2")] == [True, True]

@@ -16,7 +16,13 @@ from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.replica_adds import Call
 from mooncake_cli.store.client.replica_io import ReplicaIO
 from mooncake_cli.store.client.values import checksum, readable
-from mooncake_cli.store.errors import InvalidParams, StoreError, TransferFailed, error_from_code
+from mooncake_cli.store.errors import (
+    InvalidParams,
+    RpcFailed,
+    StoreError,
+    TransferFailed,
+    error_from_code,
+)
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.wire import protocol as p
 
@@ -69,19 +75,19 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
         _revoke(call, revoke)
     if done:
         name = io.engine.name
-        own = "" if ha or io.region is None else name  # recorded below: no report back
-        ends = call(p.BatchPutEnd([keys[i] for i in done], [sums[i] for i in done], own),
-                    p.batch(None))
-        mine: list[tuple[str, Replica, str | None]] = []
+        own = "" if ha or io.region is None else name  # recorded here: no report back
+        mine = {i: (keys[i], r, sums[i]) for i in done for r in placed[i] if r.segment == name}
+        try:
+            ends = call(p.BatchPutEnd([keys[i] for i in done], [sums[i] for i in done], own),
+                        p.batch(None))
+        except RpcFailed:  # sent, maybe applied: recorded (checked against the bytes before
+            holdings.add_all(list(mine.values()), config)  # a re-registration), as no
+            raise  # report will tell of them
         for i, (ok, code, msg, _) in zip(done, ends, strict=True):
             if not ok:
                 out[i] = error_from_code(code, msg)
-                continue
-            for r in placed[i]:
-                if r.segment == name:
-                    mine.append((keys[i], r, sums[i]))
-                    break
-        holdings.add_all(mine, config)
+                mine.pop(i, None)
+        holdings.add_all(list(mine.values()), config)
     return out
 
 
