@@ -51,6 +51,31 @@ def client(make_engine: Callable[..., Any]) -> Iterator[Callable[..., StoreClien
         c.close()
 
 
+def late_lane(svc: MasterService, c: StoreClient, only: type | None = None) -> threading.Event:
+    """Put a lane in front of `svc` that, once the returned event is set, answers one request
+    (of type `only`, when given) after `c` gave up waiting for it, and serves the rest."""
+    c.put("warm", b"w")  # the lane is up
+    assert svc.lane is not None
+    svc.lane.close()
+    slow = threading.Event()
+
+    def late(send: Callable[[bytes], None], body: bytes) -> None:
+        if slow.is_set():
+            slow.clear()
+            time.sleep(c.timeout + 0.5)  # applied, answered after the client gave up
+        send(body)
+
+    def serve(frames: list[bytes], send: Callable[[bytes], None]) -> None:
+        if only is not None and type(protocol.decode_request(frames[0])) is not only:
+            svc.serve(frames, send)
+        else:
+            svc.serve(frames, lambda body: late(send, body))
+
+    svc.lane = LaneServer(svc.address, serve, None)
+    c._lanes.close()  # the next call opens a lane to the slow server
+    return slow
+
+
 def test_data_path_rides_the_lane_and_falls_back_to_zmq(service, client) -> None:  # type: ignore[no-untyped-def]
     svc = service()
     assert svc.lane is not None
@@ -108,22 +133,7 @@ def test_a_lost_lane_answer_is_not_sent_again_by_zmq(service, client) -> None:  
     would meet the object it just created, so the client gets RpcFailed instead."""
     svc = service()
     c = client(svc.address)
-    c.put("warm", b"w")  # the lane is up
-    assert svc.lane is not None
-    svc.lane.close()
-    slow = threading.Event()
-
-    def late(send: Callable[[bytes], None], body: bytes) -> None:
-        if slow.is_set():
-            slow.clear()
-            time.sleep(c.timeout + 0.5)  # applied, answered after the client gave up
-        send(body)
-
-    def serve(frames: list[bytes], send: Callable[[bytes], None]) -> None:
-        svc.serve(frames, lambda body: late(send, body))
-
-    svc.lane = LaneServer(svc.address, serve, None)
-    c._lanes.close()  # the next call opens a lane to the slow server
+    slow = late_lane(svc, c)
     slow.set()
     with pytest.raises(RpcFailed) as err:
         c.put("k", b"x" * 100)
@@ -162,25 +172,7 @@ def test_a_lost_batch_end_answer_still_held(service, client) -> None:  # type: i
     replicas back: when its answer is lost (maybe applied), the writer records them anyway."""
     svc = service()
     c = client(svc.address)
-    c.put("warm", b"w")
-    assert svc.lane is not None
-    svc.lane.close()
-    slow = threading.Event()
-
-    def late(send: Callable[[bytes], None], body: bytes) -> None:
-        if slow.is_set():
-            slow.clear()
-            time.sleep(c.timeout + 0.5)
-        send(body)
-
-    def serve(frames: list[bytes], send: Callable[[bytes], None]) -> None:
-        if type(protocol.decode_request(frames[0])) is not BatchPutEnd:
-            svc.serve(frames, send)
-        else:
-            svc.serve(frames, lambda body: late(send, body))
-
-    svc.lane = LaneServer(svc.address, serve, None)
-    c._lanes.close()
+    slow = late_lane(svc, c, BatchPutEnd)
     slow.set()
     with pytest.raises(RpcFailed):
         c.batch_put(["b1", "b2"], [b"x" * 100, b"y" * 100])
