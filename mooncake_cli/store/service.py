@@ -44,6 +44,12 @@ log = logging.getLogger("mooncake.store")
 _DEFERS = frozenset((protocol.BatchPutStart, protocol.BatchPutEnd, protocol.BatchGetReplicaList))
 
 
+def _internal(e: Exception) -> protocol.Reply:
+    """The answer to a request that met a bug (logged with its traceback)."""
+    log.exception("store request failed")
+    return protocol.error(StoreError(f"internal error: {type(e).__name__}: {e}"))
+
+
 class MasterService:
     """Serves `master` on tcp://host:port (port 0 picks a free one; see `.address`)."""
 
@@ -148,12 +154,6 @@ class MasterService:
         except zmq.ZMQError as e:  # the peer went away: nothing to answer
             log.debug("reply dropped: %s", e)
 
-    def handle(self, frames: list[bytes]) -> bytes:
-        """The encoded reply to one request ([body] or [body, mac]), waiting in this thread
-        for an answer held back (acks.py); never raises."""
-        answer = self.answer(frames)
-        return answer if isinstance(answer, bytes) else protocol.encode(self.acks.block(answer))
-
     def serve(self, frames: list[bytes], send: Callable[[bytes], None]) -> Pending | None:
         """Answer one request by `send`, or return the answer held back. The work a request
         defers (MasterState.defer: admitting a batch's puts, completing them, leases) runs
@@ -191,10 +191,6 @@ class MasterService:
         if held_back is not None:
             send(protocol.encode(self.acks.block(held_back)))
 
-    def answer(self, frames: list[bytes]) -> bytes | Pending:
-        """The encoded reply to one request, or the Pending answer held back; never raises."""
-        return self._answer(self._request(frames))
-
     def _request(self, frames: list[bytes]) -> protocol.Request | bytes:
         """The request in `frames`, or the encoded refusal of it."""
         try:
@@ -210,9 +206,7 @@ class MasterService:
         except StoreError as e:
             return protocol.encode(protocol.error(e))
         except Exception as e:  # a bug must not take the master down
-            log.exception("store request failed")
-            return protocol.encode(protocol.error(
-                StoreError(f"internal error: {type(e).__name__}: {e}")))
+            return protocol.encode(_internal(e))
 
     def _answer(self, request: protocol.Request | bytes) -> bytes | Pending:
         if isinstance(request, bytes):
@@ -231,8 +225,7 @@ class MasterService:
         except StoreError as e:
             reply = protocol.error(e)
         except Exception as e:  # a bug must not take the master down
-            log.exception("store request failed")
-            reply = protocol.error(StoreError(f"internal error: {type(e).__name__}: {e}"))
+            reply = _internal(e)
         return protocol.encode(reply)
 
     def _tick(self) -> None:

@@ -53,7 +53,7 @@ class _Plan:
     """What every put_start of one request shares (the config's derived values, the clock)."""
 
     __slots__ = ("config", "tier", "upsert", "now", "preferred", "deadline", "pin", "fits",
-                 "started", "admitted")
+                 "started")
 
     def __init__(self, st: MasterState, config: ReplicateConfig, tier: Tier, upsert: bool,
                  now: float) -> None:
@@ -62,8 +62,7 @@ class _Plan:
         self.deadline = now + st.put_timeout
         self.pin = st.soft_pin_end(config, now)
         self.fits: dict[int, int] = {}  # size -> segments.fitting (fixed while segments are)
-        self.started: dict[str, ObjectMeta] | None = None  # a batch's, admitted once answered
-        self.admitted = 0  # how many of `started` are admitted already
+        self.started: dict[str, ObjectMeta] | None = None  # a batch's, not admitted yet
 
 
 class Objects:
@@ -113,10 +112,9 @@ class Objects:
     def _admit(self, plan: _Plan, relieve: bool = True) -> None:
         """Admit the objects of `plan`'s batch not admitted yet (then check the watermark)."""
         started, admit = plan.started or {}, self.state.admit
-        if len(started) > plan.admitted:
-            for meta in list(started.values())[plan.admitted:]:
-                admit(meta)
-            plan.admitted = len(started)
+        for meta in started.values():
+            admit(meta)
+        started.clear()  # admitted: the index itself now refuses their keys again
         if relieve:
             self.eviction.relieve(plan.now)
 
