@@ -162,6 +162,12 @@ class SegmentTable:
             return []
         return chosen
 
+    def fits_on(self, name: str, size: int, tier: Tier) -> bool:
+        """Whether transfer segment `name` has a `tier` mount large enough for `size` bytes."""
+        need = self.aligned(size)
+        return any(m.segment.tier == tier and m.alloc.capacity >= need
+                   for m in self._by_name.get(name, ()))
+
     def allocate_on(self, name: str, size: int, tier: Tier) -> Replica | None:
         """A pending replica of `size` bytes on a `tier` mount of transfer segment `name` (one
         client), or None when none has room; offloads and promotions stay on their client."""

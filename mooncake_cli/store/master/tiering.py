@@ -95,16 +95,19 @@ class Tiering:
     def offload(self, meta: ObjectMeta, now: float) -> bool:
         """Start moving `meta` to SSD; False when it has an SSD copy already, no room, or
         `offload_on_evict` is off."""
-        if not self.state.offload_on_evict or any(r.tier == "ssd" for r in meta.replicas):
-            return False
         segs = self.state.segments
+        if (not self.state.offload_on_evict or segs.totals("ssd")[0] == 0
+                or any(r.tier == "ssd" for r in meta.replicas)):
+            return False
         drams = [r for r in meta.replicas if r.tier == "dram"]
         for r in drams:
             seg = segs.locate(r)
-            dst = segs.allocate_on(r.segment, meta.size, "ssd") if seg else None
-            if seg is not None and dst is None and self._evict_ssd(r.segment, meta, now):
+            if seg is None or not segs.fits_on(r.segment, meta.size, "ssd"):
+                continue  # no SSD mount there to hold it (none to evict from either)
+            dst = segs.allocate_on(r.segment, meta.size, "ssd")
+            if dst is None and self._evict_ssd(r.segment, meta, now):
                 dst = segs.allocate_on(r.segment, meta.size, "ssd")
-            if seg is not None and dst is not None:
+            if dst is not None:
                 self.moves.add("offload", meta.key, r, dst, r.checksum, seg.client_id,
                                len(drams) * segs.aligned(meta.size), now)
                 return True
