@@ -182,11 +182,8 @@ def test_a_soft_pin_lasts_its_ttl_after_the_last_use() -> None:
     assert m.evict() == ["default"]
 
 
-def test_eviction_without_ssd_walks_the_policy_order_once() -> None:
-    """With no SSD mount there is nowhere to offload to: evicting k objects must not look for
-    SSD room among all n objects once per victim (that made every eviction O(n x k): 0.4 s
-    pauses of a 16 MiB segment of 4 KiB blocks)."""
-    clock = FakeClock()
+def _walk_counted(clock: FakeClock):  # type: ignore[no-untyped-def]
+    """A 4 MiB master; and how many keys its policy has yielded so far."""
     m = make(clock, size=4 * MiB)
     walked = 0
     victims = m.state.policy.victims
@@ -197,6 +194,15 @@ def test_eviction_without_ssd_walks_the_policy_order_once() -> None:
             walked += 1
             yield key
     m.state.policy.victims = counted  # type: ignore[method-assign]
+    return m, lambda: walked
+
+
+def test_eviction_without_ssd_walks_the_policy_order_once() -> None:
+    """With no SSD mount there is nowhere to offload to: evicting k objects must not look for
+    SSD room among all n objects once per victim (that made every eviction O(n x k): 0.4 s
+    pauses of a 16 MiB segment of 4 KiB blocks)."""
+    clock = FakeClock()
+    m, walks = _walk_counted(clock)
     n = 0
     while m.stats().evictions == 0:  # fill to the watermark: the put over it evicts
         put(m, f"k{n}", 4 * KiB)
@@ -204,4 +210,34 @@ def test_eviction_without_ssd_walks_the_policy_order_once() -> None:
         n += 1
     evicted = m.stats().evictions
     assert n > 900 and evicted >= 40  # 5% of 1024 blocks
-    assert walked <= 2 * evicted + 10, (walked, evicted, n)
+    assert walks() <= 2 * evicted + 10, (walks(), evicted, n)
+
+
+def test_a_fruitless_eviction_is_not_retried_by_every_put_at_once() -> None:
+    """Every object leased (read within lease_ttl): a put over the watermark finds nothing to
+    evict. The next puts must not each walk every object again (that made each put of a full
+    segment 6-12 ms); a while later, or on request, the master looks again."""
+    from mooncake_cli.store.master.eviction import DRY_RETRY
+    clock = FakeClock()
+    m, walks = _walk_counted(clock)
+    n = 0
+
+    def put_read(key: str) -> None:
+        put(m, key, 4 * KiB)
+        m.get_replica_list(key)  # leased for 5 s
+    while m.stats().tiers["dram"].bytes_used < 0.95 * m.stats().tiers["dram"].capacity:
+        put_read(f"k{n}")
+        n += 1
+    assert m.stats().evictions == 0  # over the watermark, yet nothing could go
+    before = walks()
+    for i in range(10):
+        put_read(f"more{i}")  # room is left: the puts succeed, none walks
+    assert walks() == before
+    clock.advance(DRY_RETRY * 1.01)
+    put_read("later")
+    assert walks() >= before + n  # looked again (everything still leased)
+    again = walks()
+    assert m.evict() == [] and walks() >= again + n  # a request always looks
+    clock.advance(5.0)  # the leases are over
+    put(m, "after-leases", 4 * KiB)
+    assert m.stats().evictions > 0 and not m.exists("k0")

@@ -8,27 +8,50 @@ With SSD segments mounted, an evicted object is offloaded when its client has SS
 from __future__ import annotations
 
 import sys
+import time
 
 from mooncake_cli.store.eviction import choose_victims
 from mooncake_cli.store.master.state import MasterState
 from mooncake_cli.store.master.tiering import Tiering
 from mooncake_cli.store.records import ObjectMeta, Replica, evolve
 
+DRY_RETRY = 0.05  # seconds a put's eviction waits after one that found too little to evict,
+DRY_SHARE = 0.05  # or longer: such fruitless walks take at most this share of the time
+
 
 class Eviction:
+    """Evictions; after one that took everything evictable and still fell short (every other
+    object leased, pinned or being put), the puts' evictions (`relieve`, and `evict` but on
+    request) wait DRY_RETRY seconds, or 1/DRY_SHARE times as long as that walk took: each
+    would walk every object again to find nothing."""
+
     def __init__(self, state: MasterState, tiering: Tiering) -> None:
         self.state = state
         self.tiering = tiering
+        self._dry_until = float("-inf")
+
+    def _chosen(self, victims: list[ObjectMeta], need: int, now: float,
+                began: float) -> list[ObjectMeta]:
+        """`victims`, chosen since perf_counter() was `began`; if short of `need`, the wait."""
+        freed = sum(sum(1 for r in m.replicas if r.tier == "dram") * self.state.segments.aligned(
+            m.size) for m in victims)
+        if freed < need:
+            self._dry_until = now + max(DRY_RETRY, (time.perf_counter() - began) / DRY_SHARE)
+        return victims
 
     def evict(self, now: float, need: int, cause: str) -> list[str]:
         """Room wanted now (a put found none): without SSD segments, plain eviction; with them,
         `make_room` (an offload frees its DRAM only once copied, so the put may still fail)."""
         st = self.state
+        if cause != "request" and now < self._dry_until:
+            return []
         if st.segments.totals("ssd")[0] > 0:
             return self.make_room(now, need, cause)
         cap = st.segments.totals("dram")[2]
         need = max(need, int(st.eviction_ratio * cap))
-        victims = choose_victims(st.ordered(), need, now, "dram", st.segments.aligned)
+        began = time.perf_counter()
+        victims = self._chosen(choose_victims(st.ordered(), need, now, "dram",
+                                              st.segments.aligned), need, now, began)
         for meta in victims:
             st.shed(meta, cause)
         return [m.key for m in victims]
@@ -37,6 +60,8 @@ class Eviction:
         """Above the DRAM high watermark (offloads under way counted as done), make room by
         `make_room`; the keys evicted."""
         st = self.state
+        if now < self._dry_until:
+            return []
         self.tiering.expire(now)
         _, used, cap = st.segments.totals("dram")
         over = used - st.high_watermark * cap
@@ -55,7 +80,9 @@ class Eviction:
         need = max(need, int(st.eviction_ratio * st.segments.totals("dram")[2]))
         idle = st.ordered(lambda m: m.key not in moves)
         evicted = []
-        for chosen in choose_victims(idle, need, now, "dram", st.segments.aligned):
+        began = time.perf_counter()
+        for chosen in self._chosen(choose_victims(idle, need, now, "dram", st.segments.aligned),
+                                   need, now, began):
             meta = st.objects.get(chosen.key)  # an SSD eviction may have changed it
             if meta is None or not any(r.tier == "dram" for r in meta.replicas):
                 continue
