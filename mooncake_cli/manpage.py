@@ -169,6 +169,14 @@ def root_page(root: Any, ctx: Any, pages: list[str]) -> str:
               esc("A file whose first line is the cluster secret, as --secret-file."),
               ".TP", bold("MOONCAKE_INSECURE"),
               esc("1: let a role listen beyond loopback without a cluster secret."),
+              ".TP", bold("MOONCAKE_STORE_SPIN_US"),
+              esc("Microseconds a store client polls its same-host lane for the master's "
+                  "answer before it sleeps in a blocking read (default 250; 0: never). Nobody "
+                  "polls on a single CPU or while a task waits for a CPU (/proc/loadavg)."),
+              ".TP", bold("MOONCAKE_STORE_MASTER_SPIN_US"),
+              esc("Microseconds the master polls a lane for its client's next request after "
+                  "an answer (default 100; 0: never): one connection at a time, and only while "
+                  "one client alone is calling."),
               ".TP", bold("MOONCAKE_<TABLE>_<FIELD>"),
               esc("Overrides FIELD of config table TABLE below (above the file, below flags), "
                   "e.g. MOONCAKE_CONDUCTOR_PORT=8001, "

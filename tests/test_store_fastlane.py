@@ -178,3 +178,50 @@ def test_a_lost_batch_end_answer_still_held(service, client) -> None:  # type: i
         c.batch_put(["b1", "b2"], [b"x" * 100, b"y" * 100])
     assert {"b1", "b2"} <= set(c.holdings.keys())  # recorded: the master did end them
     assert [c.describe(k).complete for k in ("b1", "b2")] == [True, True]
+
+
+def test_spin_polls_until_readable_closed_or_its_time_is_up() -> None:
+    from mooncake_cli.store.wire.lane_frames import spin
+
+    def idle() -> bool:
+        return True
+    a, b = socket.socketpair()
+    try:
+        t0 = time.perf_counter()
+        assert spin(a, 0.02, idle) is False  # nothing came: it gave up, having polled its time
+        assert time.perf_counter() - t0 >= 0.02
+        assert spin(a, 0, idle) is False  # no polling asked for
+        threading.Timer(0.005, b.sendall, (b"x",)).start()
+        assert spin(a, 5.0, idle) is True  # data arrived while it polled
+        assert a.recv(1) == b"x"  # peeked, not consumed: the read that follows gets it
+        t0 = time.perf_counter()
+        assert spin(a, 5.0, lambda: False) is False  # a task waits for a CPU: no polling
+        assert time.perf_counter() - t0 < 1.0
+        b.close()
+        assert spin(a, 5.0, idle) is True  # the peer closed: the read that follows meets the end
+        assert a.recv(1) == b""
+    finally:
+        a.close()
+        b.close()
+
+
+def test_cpu_to_spare_compares_the_kernels_runnable_count_with_our_cpus(
+        tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from mooncake_cli.store.wire import lane_frames
+    monkeypatch.setattr(lane_frames, "_CPUS", 2)
+    f = tmp_path / "loadavg"
+    fd = os.open(f, os.O_RDWR | os.O_CREAT)
+    try:
+        monkeypatch.setattr(lane_frames, "_LOADAVG", fd)
+        for line, spare in ((b"0.50 0.40 0.30 2/310 4242\n", True),
+                            (b"2.50 1.40 0.30 3/310 4242\n", False),
+                            (b"garbage\n", False)):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, line, 0)
+            assert lane_frames.cpu_to_spare() is spare, line
+        monkeypatch.setattr(lane_frames, "_LOADAVG", None)  # no /proc here: never poll
+        assert lane_frames.cpu_to_spare() is False
+    finally:
+        os.close(fd)

@@ -29,7 +29,7 @@ from typing import Any
 from mooncake_cli.store.errors import RpcFailed, StoreError
 from mooncake_cli.store.ha.leader import NOT_LEADER
 from mooncake_cli.store.wire import protocol
-from mooncake_cli.store.wire.lane_frames import HEADER, MAGIC, lane_name
+from mooncake_cli.store.wire.lane_frames import CLIENT_SPIN, HEADER, MAGIC, lane_name, spin
 from mooncake_cli.store.wire.lane_frames import read_frames as _read
 from mooncake_cli.store.wire.lane_frames import recv as _recv
 from mooncake_cli.store.wire.lane_frames import send_frames as _send
@@ -92,6 +92,7 @@ class Lane:
             if meanwhile is not None:
                 meanwhile()
             try:
+                spin(sock, CLIENT_SPIN)
                 reply = _read(sock)
                 assert reply is not None
             except (OSError, ConnectionError) as e:

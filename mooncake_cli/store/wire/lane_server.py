@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 from collections.abc import Callable
 
 from mooncake_cli.store.wire import protocol
@@ -12,16 +14,20 @@ from mooncake_cli.store.wire.lane_frames import (
     IDLE_TIMEOUT,
     IO_TIMEOUT,
     MAGIC,
+    MASTER_SPIN,
     MAX_LANES,
     frame,
     lane_name,
     read_frames,
+    spin,
 )
 from mooncake_cli.transfer import wire
 from mooncake_cli.transfer.gate import Gate
 from mooncake_cli.transfer.served import Entry, Served
 
 log = logging.getLogger("mooncake.store")
+MAX_SPINNERS = 1  # connection threads polling for their next request at once (they share a GIL)
+CROWD = 0.005  # seconds: two connections' requests this close make the master poll for neither
 Send = Callable[[bytes], None]
 
 
@@ -40,6 +46,9 @@ class LaneServer:
             sock.close()
             raise
         self.served = Served(max_lanes, max_lanes)
+        self._spinners = threading.BoundedSemaphore(MAX_SPINNERS)
+        self._last = (0, 0.0)  # (the connection, when) of the last request
+        self._crowd_until = 0.0
         self.gate = Gate(sock, MAGIC, secret.decode() if secret else None, self._admit,
                          max_pending=64, per_peer_pending=64, name="mooncake-store-lane")
 
@@ -57,6 +66,7 @@ class LaneServer:
         try:
             wire.blocking_with_timeout(conn, IO_TIMEOUT)
             while True:
+                self._await(conn)
                 frames = read_frames(conn, idle_ok=True)
                 if frames is None:
                     if self.served.idle_for(entry) > IDLE_TIMEOUT:
@@ -64,6 +74,7 @@ class LaneServer:
                     continue
                 if not self.served.claim(entry):
                     return
+                self._note(entry)
                 self._serve_one(frames, send)
                 for data in rest:  # what the socket did not take at once, sent now (the
                     conn.sendall(data)  # master's lock let go: a peer that does not read
@@ -74,6 +85,25 @@ class LaneServer:
         finally:
             self.served.remove(entry)
             conn.close()
+
+    def _note(self, entry: Entry) -> None:
+        now, (last, when) = time.monotonic(), self._last
+        if last != id(entry) and now - when < CROWD:
+            self._crowd_until = now + CROWD
+        self._last = (id(entry), now)
+
+    def _await(self, conn: socket.socket) -> None:
+        """Poll for the next request a while (MASTER_SPIN) where no more than MAX_SPINNERS
+        connections poll already and one client alone has been calling (for CROWD seconds):
+        its next call often follows its last answer within that time, and this thread then
+        needs no wakeup. Polling threads would hold up the others' (one GIL). The read that
+        follows blocks."""
+        if (MASTER_SPIN and time.monotonic() >= self._crowd_until
+                and self._spinners.acquire(blocking=False)):
+            try:
+                spin(conn, MASTER_SPIN)
+            finally:
+                self._spinners.release()
 
     def _send(self, conn: socket.socket, body: bytes) -> bytes:
         """Send the frames of `body` as far as the socket takes them without waiting; the
