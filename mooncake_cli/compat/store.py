@@ -152,12 +152,17 @@ class MooncakeDistributedStore:
     def _one(self, key: str, value: Any, config: Any, upsert: bool) -> int:
         def go(c: Any) -> int:
             self._fits([memoryview(value).nbytes])
-            try:
-                c.put(key, value, native(config), upsert)
-            except StoreError as e:
-                return put_code(e)
-            return 0
+            return self._put_one(c, key, value, config, upsert)
         return self._run(go, int)
+
+    @staticmethod
+    def _put_one(c: Any, key: str, value: Any, config: Any, upsert: bool) -> int:
+        """One put by client `c`: its code (an existing key is 0, as upstream)."""
+        try:
+            c.put(key, value, native(config), upsert)
+        except StoreError as e:
+            return put_code(e)
+        return 0
 
     # -- objects ---------------------------------------------------------------------------------
     def put(self, key: str, value: Any, config: Any = None) -> int:

@@ -31,13 +31,8 @@ def _put(store: Any, keys: list[str], parts: list[tuple[Any, Any, Any]], config:
         return [NO_HANDLE] * len(keys)
     values = [Gathered([tensors.header(t, whole, axis), t]) for t, whole, axis in parts]
     if len(keys) == 1:  # one key: a put's requests, lighter than a batch's of one
-        def one(c: Any) -> list[int]:
-            try:
-                c.put(keys[0], values[0], native(config), upsert)
-            except StoreError as e:
-                return [put_code(e)]
-            return [0]
-        return store._run(one, lambda e: [e])
+        return store._run(lambda c: [store._put_one(c, keys[0], values[0], config, upsert)],
+                          lambda e: [e])
     return store._run(lambda c: [put_code(e) for e in c.batch_put(
         keys, values, native(config), upsert)], lambda e: [e] * len(keys))
 

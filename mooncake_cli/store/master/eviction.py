@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable
 
 from mooncake_cli.store.eviction import choose_victims
 from mooncake_cli.store.master.state import MasterState
@@ -30,9 +31,10 @@ class Eviction:
         self.tiering = tiering
         self._dry_until = float("-inf")
 
-    def _chosen(self, victims: list[ObjectMeta], need: int, now: float,
-                began: float) -> list[ObjectMeta]:
-        """`victims`, chosen since perf_counter() was `began`; if short of `need`, the wait."""
+    def _victims(self, lru: Iterable[ObjectMeta], need: int, now: float) -> list[ObjectMeta]:
+        """`choose_victims` of DRAM from `lru`; when they fall short of `need`, the wait."""
+        began = time.perf_counter()
+        victims = choose_victims(lru, need, now, "dram", self.state.segments.aligned)
         freed = sum(sum(1 for r in m.replicas if r.tier == "dram") * self.state.segments.aligned(
             m.size) for m in victims)
         if freed < need:
@@ -49,9 +51,7 @@ class Eviction:
             return self.make_room(now, need, cause)
         cap = st.segments.totals("dram")[2]
         need = max(need, int(st.eviction_ratio * cap))
-        began = time.perf_counter()
-        victims = self._chosen(choose_victims(st.ordered(), need, now, "dram",
-                                              st.segments.aligned), need, now, began)
+        victims = self._victims(st.ordered(), need, now)
         for meta in victims:
             st.shed(meta, cause)
         return [m.key for m in victims]
@@ -80,9 +80,7 @@ class Eviction:
         need = max(need, int(st.eviction_ratio * st.segments.totals("dram")[2]))
         idle = st.ordered(lambda m: m.key not in moves)
         evicted = []
-        began = time.perf_counter()
-        for chosen in self._chosen(choose_victims(idle, need, now, "dram", st.segments.aligned),
-                                   need, now, began):
+        for chosen in self._victims(idle, need, now):
             meta = st.objects.get(chosen.key)  # an SSD eviction may have changed it
             if meta is None or not any(r.tier == "dram" for r in meta.replicas):
                 continue

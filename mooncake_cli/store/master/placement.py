@@ -162,17 +162,20 @@ class SegmentTable:
             return []
         return chosen
 
+    def _mounts_on(self, name: str, size: int, tier: Tier) -> list[_Mount]:
+        """The `tier` mounts of transfer segment `name` large enough for `size` bytes."""
+        need = self.aligned(size)
+        return [m for m in self._by_name.get(name, ())
+                if m.segment.tier == tier and m.alloc.capacity >= need]
+
     def fits_on(self, name: str, size: int, tier: Tier) -> bool:
         """Whether transfer segment `name` has a `tier` mount large enough for `size` bytes."""
-        need = self.aligned(size)
-        return any(m.segment.tier == tier and m.alloc.capacity >= need
-                   for m in self._by_name.get(name, ()))
+        return bool(self._mounts_on(name, size, tier))
 
     def allocate_on(self, name: str, size: int, tier: Tier) -> Replica | None:
         """A pending replica of `size` bytes on a `tier` mount of transfer segment `name` (one
         client), or None when none has room; offloads and promotions stay on their client."""
-        mounts = [m for m in self._by_name.get(name, ())
-                  if m.segment.tier == tier and m.alloc.capacity >= self.aligned(size)]
+        mounts = self._mounts_on(name, size, tier)
         return self._alloc_on(mounts, size) if mounts else None
 
     def _alloc_on(self, mounts: list[_Mount], size: int) -> Replica | None:

@@ -95,10 +95,9 @@ class Tiering:
     def offload(self, meta: ObjectMeta, now: float) -> bool:
         """Start moving `meta` to SSD; False when it has an SSD copy already, no room, or
         `offload_on_evict` is off."""
-        segs = self.state.segments
-        if (not self.state.offload_on_evict or segs.totals("ssd")[0] == 0
-                or any(r.tier == "ssd" for r in meta.replicas)):
+        if not self.state.offload_on_evict or any(r.tier == "ssd" for r in meta.replicas):
             return False
+        segs = self.state.segments
         drams = [r for r in meta.replicas if r.tier == "dram"]
         for r in drams:
             seg = segs.locate(r)
