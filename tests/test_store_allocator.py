@@ -151,3 +151,23 @@ def test_free_in_any_order_coalesces_back_to_one_block(sizes: list[int], rnd: ob
         a.free(o)
         check_invariants(a)
     assert a.free_blocks() == [(0, a.capacity)]
+
+
+def test_a_run_of_blocks_is_cut_at_once_and_each_frees_on_its_own() -> None:
+    a = Allocator(64 * 10, alignment=64)
+    first = a.alloc(64)
+    assert first == 0
+    run = a.alloc_run(100, 3)  # 100 bytes take 128 each
+    assert run == [64, 192, 320]
+    assert [a.size_of(o) for o in run] == [128, 128, 128] and a.used == 64 + 3 * 128
+    check_invariants(a)
+    assert a.alloc_run(64, 4) is None  # 192 bytes left in one block: nothing taken
+    assert a.used == 64 + 3 * 128
+    a.free(run[1])  # a block in the middle of the run
+    check_invariants(a)
+    assert a.alloc(128) == 192  # its hole is reused
+    for off in (first, run[0], run[2], 192):
+        a.free(off)
+    assert a.free_blocks() == [(0, 640)] and a.used == 0
+    with pytest.raises(InvalidParams):
+        a.alloc_run(0, 2)

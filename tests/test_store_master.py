@@ -239,3 +239,24 @@ def test_counters(master: StoreMaster) -> None:
     assert (s.puts, s.gets, s.hits, s.misses, s.objects, s.pending) == (1, 3, 2, 1, 1, 0)
     assert s.tiers["dram"].capacity == 3 * MiB and s.tiers["dram"].objects == 1
     assert s.tiers["ssd"].capacity == 0
+
+
+def test_a_batch_on_one_segment_is_cut_at_once_and_refused_keys_keep_no_block(
+        clock: FakeClock) -> None:
+    m = StoreMaster(now=clock, put_timeout=30.0)
+    m.mount_segment(Segment("only", "client-only", "A", 4096, MiB))
+    put(m, "old", 1000)
+    used = m.stats().tiers["dram"].bytes_used
+    keys = ["k0", "old", "k2", "", "k4", "k0"]
+    res = m.batch_put_start(keys, [1000] * len(keys))
+    assert isinstance(res[1], ObjectAlreadyExists) and isinstance(res[3], InvalidKey)
+    assert isinstance(res[5], ObjectAlreadyExists)  # the same key twice in one batch
+    placed = [r[0] for r in res if isinstance(r, tuple)]
+    assert [r.offset for r in placed] == sorted({r.offset for r in placed})  # one run, in order
+    assert all(b.offset - a.offset == 1024 for a, b in zip(placed, placed[1:]))
+    assert m.stats().tiers["dram"].bytes_used == used + 3 * 1024  # the three refused: no block
+    assert m.batch_put_end(["k0", "k2", "k4"], ["c"] * 3) == [None] * 3
+    assert m.batch_remove(["k0", "k2", "k4", "old"]) == [None] * 4
+    assert m.stats().tiers["dram"].bytes_used == 0
+    mixed = m.batch_put_start(["m0", "m1"], [1000, 3000])  # sizes differ: one at a time
+    assert [r[0].size for r in mixed if isinstance(r, tuple)] == [1000, 3000]

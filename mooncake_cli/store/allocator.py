@@ -54,6 +54,24 @@ class Allocator:
                 return start
         return None
 
+    def alloc_run(self, size: int, count: int) -> list[int] | None:
+        """The offsets of `count` fresh blocks of `size` bytes each, one after the other, cut
+        from the first free block that holds them all in one go (each freed on its own later),
+        or None when no free block does (then nothing is taken)."""
+        need = self._check(size)
+        total = need * count
+        for start in self._starts:
+            length = self._free[start]
+            if length >= total:
+                self._take(start, length, start, total)
+                used = self._used
+                del used[start]
+                offsets = list(range(start, start + total, need))
+                for off in offsets:
+                    used[off] = need
+                return offsets
+        return None
+
     def reserve(self, offset: int, size: int) -> bool:
         """Claim exactly [offset, offset+aligned(size)) if all of it is free (re-registration)."""
         need = self._check(size)

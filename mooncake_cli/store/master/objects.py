@@ -35,6 +35,7 @@ from mooncake_cli.store.master.tiering import Tiering
 from mooncake_cli.store.records import (
     DEFAULT_CONFIG,
     MAX_KEY_BYTES,
+    MAX_OBJECT_SIZE,
     ObjectMeta,
     Replica,
     ReplicaStatus,
@@ -53,7 +54,7 @@ class _Plan:
     """What every put_start of one request shares (the config's derived values, the clock)."""
 
     __slots__ = ("config", "tier", "upsert", "now", "preferred", "deadline", "pin", "fits",
-                 "started")
+                 "started", "carved")
 
     def __init__(self, st: MasterState, config: ReplicateConfig, tier: Tier, upsert: bool,
                  now: float) -> None:
@@ -63,6 +64,7 @@ class _Plan:
         self.pin = st.soft_pin_end(config, now)
         self.fits: dict[int, int] = {}  # size -> segments.fitting (fixed while segments are)
         self.started: dict[str, ObjectMeta] | None = None  # a batch's, not admitted yet
+        self.carved: list[Replica] = []  # a batch's blocks cut at once, the next one last
 
 
 class Objects:
@@ -100,14 +102,30 @@ class Objects:
             st, now = self.state, self.now()
             plan = _Plan(st, config, tier, upsert, now)
             plan.started = {}
+            plan.carved = self._carve(sizes, tier)
             out: list[tuple[Replica, ...] | StoreError] = []
-            for key, size in zip(keys, sizes, strict=True):
-                try:
-                    out.append(self._start(key, size, plan))
-                except StoreError as e:
-                    out.append(e)
+            try:
+                for key, size in zip(keys, sizes, strict=True):
+                    try:
+                        out.append(self._start(key, size, plan))
+                    except StoreError as e:
+                        out.append(e)
+            finally:
+                for r in plan.carved:  # the blocks of keys refused (an existing key, say)
+                    st.segments.release(r)
             st.defer(lambda: self._admit(plan))
             return out
+
+    def _carve(self, sizes: Sequence[int], tier: Tier) -> list[Replica]:
+        """A batch's blocks cut at once (SegmentTable.carve), last first, when every value has
+        the same valid size; [] (each allocated by `_start`) otherwise."""
+        size = sizes[0] if sizes else 0
+        if len(sizes) < 2 or type(size) is not int or not 0 < size <= MAX_OBJECT_SIZE \
+                or any(s != size for s in sizes):
+            return []
+        carved = self.state.segments.carve(size, len(sizes), tier)
+        carved.reverse()
+        return carved
 
     def _admit(self, plan: _Plan, relieve: bool = True) -> None:
         """Admit the objects of `plan`'s batch not admitted yet (then check the watermark)."""
@@ -146,7 +164,9 @@ class Objects:
         n = min(plan.config.replica_num, fits)
         if n < 1:
             raise NoAvailableHandle(f"no mounted {tier} segment can hold {size} bytes")
-        replicas = st.segments.allocate(size, n, tier, plan.preferred, 1)
+        carved = plan.carved
+        replicas = [carved.pop()] if carved else st.segments.allocate(size, n, tier,
+                                                                      plan.preferred, 1)
         if not replicas and tier == "dram":
             self._admit(plan, relieve=False)  # the batch's objects so far: as if one by one
             self.eviction.evict(now, n * st.segments.aligned(size), "room")

@@ -162,6 +162,21 @@ class SegmentTable:
             return []
         return chosen
 
+    def carve(self, size: int, count: int, tier: Tier) -> list[Replica]:
+        """`count` pending replicas of `size` bytes, one run of blocks cut at once, when exactly
+        one `tier` mount of one segment can hold them (a single-node store: where `allocate`
+        would put each of them); [] otherwise or when no free block holds the run."""
+        fit = self._fitting(self.aligned(size), tier)
+        if count < 2 or len(fit) != 1 or len(fit[0][1]) != 1:
+            return []
+        m = fit[0][1][0]
+        offsets = m.alloc.alloc_run(size, count)
+        if offsets is None:
+            return []
+        s = m.segment  # a checked mount: the replicas pass their checks
+        name, base, seg_tier, host = s.name, s.base, s.tier, s.host
+        return [Replica(name, base + off, size, seg_tier, host) for off in offsets]
+
     def _mounts_on(self, name: str, size: int, tier: Tier) -> list[_Mount]:
         """The `tier` mounts of transfer segment `name` large enough for `size` bytes."""
         need = self.aligned(size)
