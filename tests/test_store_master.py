@@ -6,6 +6,7 @@ Time is a FakeClock injected as the master's `now`: tests move it instead of sle
 from __future__ import annotations
 
 import dataclasses
+from itertools import pairwise
 
 import pytest
 
@@ -253,7 +254,7 @@ def test_a_batch_on_one_segment_is_cut_at_once_and_refused_keys_keep_no_block(
     assert isinstance(res[5], ObjectAlreadyExists)  # the same key twice in one batch
     placed = [r[0] for r in res if isinstance(r, tuple)]
     assert [r.offset for r in placed] == sorted({r.offset for r in placed})  # one run, in order
-    assert all(b.offset - a.offset == 1024 for a, b in zip(placed, placed[1:]))
+    assert len(placed) == 3 and all(b.offset - a.offset == 1024 for a, b in pairwise(placed))
     assert m.stats().tiers["dram"].bytes_used == used + 3 * 1024  # the three refused: no block
     assert m.batch_put_end(["k0", "k2", "k4"], ["c"] * 3) == [None] * 3
     assert m.batch_remove(["k0", "k2", "k4", "old"]) == [None] * 4
