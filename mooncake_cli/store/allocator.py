@@ -46,7 +46,11 @@ class Allocator:
 
     def alloc(self, size: int) -> int | None:
         """The offset of a fresh block of at least `size` bytes, or None when none is free."""
-        need = self._check(size)
+        return self._cut(self._check(size))
+
+    def _cut(self, need: int) -> int | None:
+        """Take `need` bytes from the head of the first free block that holds them: the
+        offset, or None when none does."""
         for start in self._starts:
             length = self._free[start]
             if length >= need:
@@ -59,18 +63,15 @@ class Allocator:
         from the first free block that holds them all in one go (each freed on its own later),
         or None when no free block does (then nothing is taken)."""
         need = self._check(size)
-        total = need * count
-        for start in self._starts:
-            length = self._free[start]
-            if length >= total:
-                self._take(start, length, start, total)
-                used = self._used
-                del used[start]
-                offsets = list(range(start, start + total, need))
-                for off in offsets:
-                    used[off] = need
-                return offsets
-        return None
+        start = self._cut(need * count)
+        if start is None:
+            return None
+        used = self._used
+        del used[start]  # one block taken: recorded as `count` blocks
+        offsets = list(range(start, start + need * count, need))
+        for off in offsets:
+            used[off] = need
+        return offsets
 
     def reserve(self, offset: int, size: int) -> bool:
         """Claim exactly [offset, offset+aligned(size)) if all of it is free (re-registration)."""

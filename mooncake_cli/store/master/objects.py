@@ -35,7 +35,6 @@ from mooncake_cli.store.master.tiering import Tiering
 from mooncake_cli.store.records import (
     DEFAULT_CONFIG,
     MAX_KEY_BYTES,
-    MAX_OBJECT_SIZE,
     ObjectMeta,
     Replica,
     ReplicaStatus,
@@ -119,10 +118,13 @@ class Objects:
     def _carve(self, sizes: Sequence[int], tier: Tier) -> list[Replica]:
         """A batch's blocks cut at once (SegmentTable.carve), last first, when every value has
         the same valid size; [] (each allocated by `_start`) otherwise."""
-        size = sizes[0] if sizes else 0
-        if len(sizes) < 2 or type(size) is not int or not 0 < size <= MAX_OBJECT_SIZE \
-                or any(s != size for s in sizes):
+        if len(sizes) < 2 or any(s != sizes[0] for s in sizes):
             return []
+        size = sizes[0]
+        try:
+            check_size(size)
+        except StoreError:
+            return []  # each key is refused by `_start`
         carved = self.state.segments.carve(size, len(sizes), tier)
         carved.reverse()
         return carved

@@ -21,6 +21,11 @@ class _Mount:
         self.segment = segment
         self.alloc = Allocator(segment.size, alignment)
 
+    def replica(self, off: int, size: int) -> Replica:
+        """A pending replica of the block at `off` (a checked mount: it passes its checks)."""
+        s = self.segment
+        return Replica(s.name, s.base + off, size, s.tier, s.host)
+
 
 class SegmentTable:
     """Mounts keyed by (transfer segment name, base), grouped by name."""
@@ -173,9 +178,7 @@ class SegmentTable:
         offsets = m.alloc.alloc_run(size, count)
         if offsets is None:
             return []
-        s = m.segment  # a checked mount: the replicas pass their checks
-        name, base, seg_tier, host = s.name, s.base, s.tier, s.host
-        return [Replica(name, base + off, size, seg_tier, host) for off in offsets]
+        return [m.replica(off, size) for off in offsets]
 
     def _mounts_on(self, name: str, size: int, tier: Tier) -> list[_Mount]:
         """The `tier` mounts of transfer segment `name` large enough for `size` bytes."""
@@ -198,8 +201,7 @@ class SegmentTable:
                   else mounts):
             off = m.alloc.alloc(size)
             if off is not None:
-                s = m.segment  # a checked mount: the replica passes its checks
-                return Replica(s.name, s.base + off, size, s.tier, s.host)
+                return m.replica(off, size)
         return None
 
     def release(self, r: Replica) -> int:
