@@ -147,7 +147,11 @@ class EngineSide:
 @runtime_checkable
 class Endpoint(Protocol):
     """One engine's side of a transport, created by `Transport.attach`: what the transport
-    keeps per engine (a listener, a NIXL agent) and the memory registered with it."""
+    keeps per engine (a listener, a NIXL agent) and the memory registered with it.
+
+    Optional: `shown()`, called each time the engine's descriptor leaves the process (published
+    to a metadata server, or answered to a peer's DESCRIBE): before that no peer can know
+    this endpoint's fields, so a passive side that needs progress (NIXL's) may wait for it."""
 
     def register(self, region: Any) -> Mapping[str, str]:
         """Make `region` reachable through this transport; its opaque fields (often empty)."""

@@ -68,6 +68,23 @@ def test_a_secret_keeps_the_agent_out_of_published_metadata(spawn_target, make_e
     assert st.state is State.FAILED and "secret" in st.reason
 
 
+def test_an_agent_no_peer_knows_makes_no_idle_progress_until_described(make_engine) -> None:
+    tgt = make_engine()  # p2p: its descriptor leaves only by DESCRIBE
+    ep = tgt.endpoints.by_name["nixl"]
+    region = tgt.allocate(MiB)
+    time.sleep(0.3)  # 60 pumps' worth
+    assert ep.idle_pumps == 0
+    eng = make_engine(transport="nixl")
+    data = os.urandom(MiB)
+    src = eng.register(bytearray(data))
+    assert eng.transfer(Op.WRITE, src, 0, tgt.name, region.base, MiB).state is State.COMPLETED
+    assert bytes(region.view) == data
+    deadline = time.monotonic() + 5
+    while ep.idle_pumps == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ep.idle_pumps > 0  # described to a peer: it progresses its wire-up from then on
+
+
 def test_out_of_region_requests_are_refused_before_any_transfer(make_engine) -> None:
     tgt = make_engine()
     a, b = tgt.allocate(MiB), tgt.allocate(MiB)  # adjacent in the segment's offset space

@@ -23,7 +23,9 @@ from mooncake_backends.nixl import ucx
 from mooncake_cli.interfaces import EngineSide, SegmentDescriptor, TransferError
 
 log = logging.getLogger("mooncake.transfer.nixl")
-PUMP = 0.005  # seconds between progress calls on an idle agent (wire-up, emulated RMA)
+PUMP = 0.005  # seconds between progress calls on an idle agent (wire-up, emulated RMA) once
+# peers may know it (`shown`); before that it makes none: each wakes a thread for the GIL, and
+# on a small host that preempts the store's request path (a tenth of 16-key puts took 2x)
 POLL = 50e-6  # seconds between state checks while transfers are in flight
 
 
@@ -78,6 +80,8 @@ class NixlEndpoint:
         self._cond = threading.Condition(self._lock)
         self._pending: list[tuple[Any, float, Done]] = []
         self._closed = False
+        self._shown = False  # a peer may know our agent: keep the passive side progressing
+        self.idle_pumps = 0  # progress calls made with no transfer of ours in flight
         self._thread = threading.Thread(target=self._loop, name="mooncake-nixl", daemon=True)
         self._thread.start()
 
@@ -111,6 +115,14 @@ class NixlEndpoint:
                 self._md = base64.b64encode(self.agent.get_agent_metadata()).decode()
             return {"nixl": self._md, "nixl.agent": self.agent_name}
 
+    def shown(self) -> None:
+        """Our descriptor, and so our agent's metadata, may be with a peer now: progress the
+        idle agent from here on (its wire-up, and RMA that UCX emulates, need it)."""
+        with self._cond:
+            if not self._shown:
+                self._shown = True
+                self._cond.notify()
+
     # -- peers --------------------------------------------------------------------------------
     def load_peer(self, desc: SegmentDescriptor, reconnect: bool = False) -> str:
         """Load (or refresh) the peer agent's metadata; its agent name. `reconnect` drops
@@ -119,6 +131,7 @@ class NixlEndpoint:
         if not md:
             raise TransferError(f"'{desc.name}' publishes no nixl agent")
         name = desc.extra.get("nixl.agent", "")
+        self.shown()  # the peer learns of us through the connection
         with self._lock:
             if name and self._remote.get(name) == md and not reconnect:
                 return name
@@ -175,16 +188,19 @@ class NixlEndpoint:
                     pending, self._pending = self._pending, []
                     break
                 if not self._pending:
-                    self._cond.wait(PUMP)
+                    self._cond.wait(PUMP if self._shown else None)
                     idle = True
                 else:
                     idle = False
                 work = list(self._pending)
+                pump = self._shown and not self._closed
             if idle and not work:
-                try:
-                    self.agent.get_new_notifs()  # progress for the passive side
-                except Exception as e:
-                    log.debug("nixl progress: %s", e)
+                if pump:
+                    self.idle_pumps += 1
+                    try:
+                        self.agent.get_new_notifs()  # progress for the passive side
+                    except Exception as e:
+                        log.debug("nixl progress: %s", e)
                 continue
             finished = []
             now = time.monotonic()

@@ -131,6 +131,16 @@ class Endpoints:
             out.update(f)
         return out
 
+    def shown(self) -> None:
+        """The engine's descriptor has left the process (published, or answered to a peer):
+        tell each endpoint that has a `shown()`, as peers may now reach it."""
+        for name, ep in self.by_name.items():
+            if (hook := getattr(ep, "shown", None)) is not None:
+                try:
+                    hook()
+                except Exception:
+                    log.exception("transport %s: shown()", name)
+
     def close(self) -> None:
         for ep in reversed(list(self.by_name.values())):
             try:

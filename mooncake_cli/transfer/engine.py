@@ -63,11 +63,12 @@ class TransferEngine:
             log.warning("p2p metadata names a segment by its address: using %s, not %s",
                         self.address, config.name)
         self.name = self.segment.name = self.address if p2p or not config.name else config.name
+        self._p2p = p2p  # the descriptor leaves only by DESCRIBE (else: by each publish)
         self._boot_id = boot_id()
         try:
             self.metadata = open_metadata(config.metadata, self._secret, config.timeout,
                                           config.metadata_ttl)
-            self.metadata.publish(self.descriptor(public=True))
+            self._publish()
         except BaseException:
             self.endpoints.close()
             raise
@@ -135,7 +136,12 @@ class TransferEngine:
 
     def _republish(self) -> None:
         if hasattr(self, "_dir"):
-            self.metadata.publish(self.descriptor(public=True))
+            self._publish()
+
+    def _publish(self) -> None:
+        self.metadata.publish(self.descriptor(public=True))
+        if not self._p2p:
+            self.endpoints.shown()
 
     def descriptor(self, public: bool = False) -> SegmentDescriptor:
         """This segment as peers see it; `public` (what metadata servers get) leaves out the
@@ -146,6 +152,7 @@ class TransferEngine:
                                  self.endpoints.fields(public and self._secret is not None))
 
     def _describe_bytes(self) -> bytes:  # DESCRIBE answers behind the secret handshake
+        self.endpoints.shown()
         return self.descriptor().to_json()
 
     # -- peers --------------------------------------------------------------------------------
