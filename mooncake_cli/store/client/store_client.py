@@ -303,7 +303,7 @@ class StoreClient:
         self.holdings.discard(key)
 
     def remove_all(self, force: bool = False) -> int:
-        return int(self._rpc.call(p.RemoveAll(force), int))
+        return int(self._call(p.RemoveAll(force), int))
 
     def list(self, prefix: str = "") -> list[str]:
         return list(self._rpc.call(p.List(prefix), list[str]))
