@@ -91,6 +91,31 @@ def test_the_owner_learns_what_others_put_in_its_segment_and_what_left() -> None
     assert m.poll_holdings("nobody", "", 0) == HoldingsReport(known=False)
 
 
+def test_a_remover_naming_its_segment_is_not_told_of_its_removal_unless_pending() -> None:
+    m = StoreMaster()
+    m.mount_segment(seg("A", "a"))
+    a = Holdings()
+    poll(m, "a", a)
+    for k in ("mine", "third", "all1", "all2", "other"):
+        put(m, k, preferred_segment="A")
+    poll(m, "a", a)
+    poll(m, "a", a)  # acknowledges them: the journal mentions none of them any more
+    assert a.keys() == ["all1", "all2", "mine", "other", "third"]
+    m.remove("mine", own="A")  # the remover forgets it itself: no Gone for it
+    m.remove("other", own="B")  # named another segment: A is told
+    assert [g.key for g in m.poll_holdings("a", a.epoch, a.ack).removed] == ["other"]
+    put(m, "fresh", preferred_segment="A")  # A has not acknowledged this Held yet ...
+    m.remove("fresh", force=True, own="A")  # ... so its removal is told after it, in order
+    got = m.poll_holdings("a", a.epoch, a.ack)
+    assert [g.key for g in got.removed] == ["other", "fresh"]
+    a.apply(got)
+    with pytest.raises(StoreError, match="only with force"):
+        m.remove_all(own="A")
+    assert m.remove_all(force=True, own="A") == 3  # third, all1, all2: none told to A
+    assert m.poll_holdings("a", a.epoch, a.ack).removed == ()
+    assert a.keys() == ["all1", "all2", "mine", "third"]  # what the remover forgets
+
+
 def test_a_fresh_master_merges_what_every_owner_registers() -> None:
     old = StoreMaster()
     owners = {"a": Holdings(), "b": Holdings()}
@@ -219,6 +244,28 @@ def test_a_restarted_master_serves_what_others_put_in_the_nodes(
     with StoreClient(address, make_engine(), 0, timeout=3) as reader:  # type: ignore[operator]
         wait_for(lambda: scene.served(reader), 15,
                  what="the keys to be served by the restarted master")
+
+
+def test_what_a_client_removes_itself_it_forgets_at_once_and_no_restart_brings_back(
+        procs: list[Proc], make_engine: object) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    master = start_master(port, "--client-ttl", "4")
+    procs.append(master)
+    with StoreClient(address, make_engine(), 4 * MiB, timeout=3) as a, \
+            StoreClient(address, make_engine(), 0, timeout=3) as other:  # type: ignore[operator]
+        a.batch_put(["x1", "x2"], [b"1" * 100, b"2" * 100])
+        assert a.remove_all(force=True) == 2
+        a.batch_put(["kept", "gone", "theirs"], [b"k" * 100, b"g" * 100, b"t" * 100])
+        a.remove("gone")
+        assert a.holdings.keys() == ["kept", "theirs"]  # no report needed for our own
+        other.remove("theirs")  # removed by someone else: a report tells us
+        wait_for(lambda: a.holdings.keys() == ["kept"], 5, what="the removal to be reported")
+        master.kill()
+        procs.append(start_master(port, "--client-ttl", "4"))  # empty: `a` re-registers
+        wait_for(lambda: a.exists("kept"), 15, what="the kept key to be registered again")
+        assert a.get("kept") == b"k" * 100
+        assert not any(a.exists(k) for k in ("x1", "x2", "gone", "theirs"))
 
 
 def test_an_ha_failover_serves_what_others_put_with_every_replica(

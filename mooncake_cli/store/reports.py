@@ -181,7 +181,8 @@ class ReportBook:
         A put that ended with `own`, the writer's segment: a replica there is recorded by the
         writer itself, so its journal is not told of it when it mentions nothing else of that
         key (an unacknowledged change of it could reach the writer after its own record and
-        undo it). Never while changes are collected (HA: the owner confirms each)."""
+        undo it). Never while changes are collected (HA: the owner confirms each). Likewise a
+        removal with `own`, the remover's segment: the remover forgets its replica there."""
         if not self._journals:
             return
         key = new.key if new is not None else old.key if old is not None else ""
@@ -204,6 +205,10 @@ class ReportBook:
         after = _dram(new)
         for slot, r in before.items():
             if slot not in after and old is not None and (j := self._owner(r)) is not None:
+                if own and new is None and r.segment == own and not self._collecting and \
+                        not j.mentions(key):
+                    j.partial = True  # the remover's own: it forgets the replica itself
+                    continue
                 j.note(Gone(key, r.offset))
                 self._mark(j)
         for slot, r in after.items():

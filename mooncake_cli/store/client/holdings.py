@@ -71,6 +71,20 @@ class Holdings:
         at = e[6]
         return Held(key, r, self._configs[at] if isinstance(at, int) else at)
 
+    def offsets(self) -> dict[str, int]:
+        """Each held key and the offset of its replica, as they are now."""
+        with self._lock:
+            return {k: e[1] for k, e in self._held.items()}
+
+    def discard_all(self, offsets: dict[str, int]) -> None:
+        """`discard(key, offset)` of each; the lock taken once."""
+        with self._lock:
+            held = self._held
+            for key, offset in offsets.items():
+                e = held.get(key)
+                if e is not None and e[1] == offset:
+                    del held[key]
+
     def discard(self, key: str, offset: int | None = None) -> None:
         """Forget `key` (only its replica at `offset` when given)."""
         with self._lock:

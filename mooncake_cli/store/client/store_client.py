@@ -298,12 +298,21 @@ class StoreClient:
         meta: ObjectMeta = self._call(p.Describe(key), ObjectMeta)
         return meta
 
+    def _own(self) -> str:
+        """Our segment, named in removals so that the master does not report back what we
+        forget ourselves ("": HA, where owners confirm each change, or no DRAM segment)."""
+        return "" if self._ha or self.region is None else self.engine.name
+
     def remove(self, key: str, force: bool = False) -> None:
-        self._call(p.Remove(key, force))
+        self._call(p.Remove(key, force, self._own()))
         self.holdings.discard(key)
 
     def remove_all(self, force: bool = False) -> int:
-        return int(self._call(p.RemoveAll(force), int))
+        own = self._own() if force else ""
+        held = self.holdings.offsets() if own else {}  # what the removal takes with it
+        n = int(self._call(p.RemoveAll(force, own), int))
+        self.holdings.discard_all(held)
+        return n
 
     def list(self, prefix: str = "") -> list[str]:
         return list(self._rpc.call(p.List(prefix), list[str]))

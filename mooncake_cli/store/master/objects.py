@@ -336,8 +336,9 @@ class Objects:
                           if m.complete and k.startswith(prefix))
 
     # -- removal ---------------------------------------------------------------------------------
-    def remove(self, key: str, force: bool = False) -> None:
-        """Forget `key` and free its replicas; refused while leased or being put unless `force`."""
+    def remove(self, key: str, force: bool = False, own: str = "") -> None:
+        """Forget `key` and free its replicas; refused while leased or being put unless `force`.
+        `own`: the remover's segment, whose holdings it updates itself (ReportBook.note)."""
         check_key(key)
         with self._lock:
             st = self.state
@@ -348,7 +349,7 @@ class Objects:
                                      f"{meta.lease_until - now:.3f} s")
             if not force and not meta.complete:
                 raise ReplicaNotReady(f"the put of {key!r} has not ended")
-            st.drop(key)
+            st.drop(key, own)
 
     def replica_clear(self, key: str, segment: str = "") -> bool:
         """Drop the replicas of complete, unleased `key` (only those on `segment` when given;
@@ -370,13 +371,16 @@ class Objects:
             st.set(evolve(meta, replicas=tuple(r for r in meta.replicas if r not in gone)))
             return True
 
-    def remove_all(self, force: bool = False) -> int:
-        """Remove every complete unleased object (every object with `force`); how many."""
+    def remove_all(self, force: bool = False, own: str = "") -> int:
+        """Remove every complete unleased object (every object with `force`); how many.
+        `own` (with `force` only: then the remover knows what went): as for `remove`."""
+        if own and not force:
+            raise InvalidParams("remove_all names the remover's segment only with force")
         with self._lock:
             st = self.state
             now = self.now()
             keys = [k for k, m in st.objects.items()
                     if force or (m.complete and not m.leased(now))]
             for k in keys:
-                st.drop(k)
+                st.drop(k, own)
             return len(keys)

@@ -138,22 +138,23 @@ class MasterState:
         """When a soft pin of `config` taken (or renewed) at `now` ends; 0.0: not pinned."""
         return now + (config.soft_pin_ttl or self.soft_pin_ttl) if config.soft_pin else 0.0
 
-    def forget(self, key: str, evicted: bool = False) -> ObjectMeta:
+    def forget(self, key: str, evicted: bool = False, own: str = "") -> ObjectMeta:
         """Remove `key` from the index and the policy (its replicas are the caller's)."""
         meta = self.objects.pop(key)
         if meta.put_deadline is not None:
             self.pending.pop(key, None)
-        self.reports.note(meta, None)
+        self.reports.note(meta, None, own)
         self.policy.remove(key, evicted)
         return meta
 
-    def drop(self, key: str) -> None:
-        """Remove `key` and free its replicas; `on_drop` first."""
+    def drop(self, key: str, own: str = "") -> None:
+        """Remove `key` and free its replicas; `on_drop` first. `own`: the remover's segment
+        (ReportBook.note)."""
         meta = self.objects.get(key)
         if meta is not None:
             for listener in self.on_drop:
                 listener(meta)
-        self.segments.release_all(self.forget(key).replicas)
+        self.segments.release_all(self.forget(key, own=own).replicas)
 
     def shed(self, meta: ObjectMeta, cause: str) -> None:
         """Evict `meta`'s DRAM replicas; the object is gone when it has no other."""

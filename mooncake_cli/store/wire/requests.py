@@ -122,16 +122,19 @@ class Describe(_KeyReq, tag="describe"):
 class Remove(_Req, tag="remove"):
     key: Key
     force: bool = False
+    own: Annotated[str, msgspec.Meta(max_length=1024)] = ""  # the remover's segment: it
+    # forgets its replica there itself
 
     def call(self, m: StoreMaster) -> None:
-        m.remove(self.key, self.force)
+        m.remove(self.key, self.force, self.own)
 
 
 class RemoveAll(_Req, tag="remove_all"):
     force: bool = False
+    own: Annotated[str, msgspec.Meta(max_length=1024)] = ""  # with force: as Remove's
 
     def call(self, m: StoreMaster) -> int:
-        return m.remove_all(self.force)
+        return m.remove_all(self.force, self.own)
 
 
 class List(_Req, tag="list"):
