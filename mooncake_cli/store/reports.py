@@ -36,6 +36,7 @@ from mooncake_cli.store.records import (
     Replica,
     ReplicaStatus,
     ReplicateConfig,
+    Segment,
     check_key,
     evolve,
 )
@@ -221,6 +222,37 @@ class ReportBook:
                 self._mark(j)
         if told is not None:
             self._settle(key, told, new)
+
+    def note_ended(self, pairs: Sequence[tuple[ObjectMeta, ObjectMeta]], own: str = "") -> None:
+        """`note(old, new, own)` of each put of a batch that ended; an owner looked up once
+        per segment (of one mount) for the batch."""
+        if not self._journals:
+            return
+        owners: dict[str, tuple[Segment, Journal]] = {}
+        complete, collecting = ReplicaStatus.COMPLETE, self._collecting
+        for old, new in pairs:
+            key = new.key
+            if old.put_deadline is None or (self._told and key in self._told):
+                self.note(old, new, own)  # not the plain end of a put
+                continue
+            for r in new.replicas:
+                if r.tier != "dram" or r.status is not complete:
+                    continue
+                seen = owners.get(r.segment)
+                if seen is not None and seen[0].holds(r.offset, r.size):
+                    j = seen[1]
+                else:
+                    seg = self._segments.locate(r)
+                    found = None if seg is None else self._journals.get(seg.client_id)
+                    if seg is None or found is None:
+                        continue
+                    owners[r.segment] = (seg, found)
+                    j = found
+                if own and r.segment == own and not collecting and not j.mentions(key):
+                    j.partial = True  # the writer's own record: no report back to it
+                    continue
+                j.note(_held(key, r, new.config))  # the key was checked when the put started
+                self._mark(j)
 
     def _settle(self, key: str, told: dict[tuple[str, int], Replica],
                 new: ObjectMeta | None) -> None:

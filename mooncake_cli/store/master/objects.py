@@ -231,16 +231,18 @@ class Objects:
     def _complete(self, ending: list[tuple[ObjectMeta, str | None]], now: float,
                   own: str = "") -> None:
         """Mark each object's replicas complete (a key ended twice in one batch: the first)."""
-        st, complete, n = self.state, ReplicaStatus.COMPLETE, 0
+        st, complete, objects = self.state, ReplicaStatus.COMPLETE, self.state.objects
+        ended: list[tuple[ObjectMeta, ObjectMeta]] = []
         for meta, checksum in ending:
-            if st.objects.get(meta.key) is not meta:
+            key = meta.key
+            if objects.get(key) is not meta:
                 continue  # completed by an earlier end of the same batch
             done = tuple([replace(r, status=complete, checksum=checksum)
                           for r in meta.replicas])
-            st.ended(meta, replace(meta, replicas=done, put_deadline=None, last_access=now),
-                     own)
-            n += 1
-        st.counts["puts"] += n
+            objects[key] = new = replace(meta, replicas=done, put_deadline=None, last_access=now)
+            ended.append((meta, new))
+        st.ended_all(ended, own)
+        st.counts["puts"] += len(ended)
 
     def put_revoke(self, key: str) -> None:
         """Abandon a put that has not ended: its replicas are freed and the key forgotten."""

@@ -119,9 +119,15 @@ class MasterState:
         """The put of `old` ended as `new` (its replicas complete): `keep` of a known key.
         `own`: the writer's segment, whose replicas it records itself (ReportBook.note)."""
         self.objects[new.key] = new
-        self.pending.pop(new.key, None)
-        self.reports.note(old, new, own)
-        self.policy.touch(new.key, False)
+        self.ended_all([(old, new)], own)
+
+    def ended_all(self, pairs: list[tuple[ObjectMeta, ObjectMeta]], own: str = "") -> None:
+        """`ended` of each (old, new) of a batch whose new records the index holds already."""
+        pending, touch = self.pending, self.policy.touch
+        for _, new in pairs:
+            pending.pop(new.key, None)
+            touch(new.key, False)
+        self.reports.note_ended(pairs, own)
 
     def lease(self, meta: ObjectMeta, now: float) -> ObjectMeta:
         until = now + self.lease_ttl
