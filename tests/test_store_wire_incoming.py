@@ -79,3 +79,44 @@ def test_a_holdings_report_with_a_bad_record_is_refused(held: dict[str, Any]) ->
     raw = p.encode({**report, "added": [{**held, "replica": wire(held["replica"])}]})
     with pytest.raises(StoreError):
         p.result(p.Reply(True, result=msgspec.Raw(raw)), HoldingsReport)
+
+
+def _started(*replicas: Replica | StoreError) -> list[Any]:
+    return [r if isinstance(r, StoreError) else (r,) for r in replicas]
+
+
+def test_a_batch_start_on_one_segment_is_answered_in_short_and_reads_back_the_same() -> None:
+    from mooncake_cli.store.client.batch_puts import STARTED
+    from mooncake_cli.store.master import StoreMaster
+    from mooncake_cli.store.records import Segment
+
+    m = StoreMaster()
+    m.mount_segment(Segment("seg", "c", "h", 1 << 20, 1 << 24))
+    keys = [f"k{i}" for i in range(4)]
+    asked = p.BatchPutStart(keys, [4096] * 4, runs=True)
+    short = p.result(p.decode_reply(p.encode(p.run(m, asked))), STARTED)
+    assert type(short) is p.Run and (short.segment, short.host, short.size) == ("seg", "h", 4096)
+    long = p.each(p.result(p.decode_reply(p.encode(p.run(
+        m, p.BatchPutStart([f"x{i}" for i in range(4)], [4096] * 4)))), STARTED))
+    assert [rs[0].status for rs in long] == [ReplicaStatus.PENDING] * 4  # not asked: per key
+    assert short.replicas() == [[Replica("seg", off, 4096, "dram", "h")] for off in short.offsets]
+    assert len(set(short.offsets)) == 4 and all(o >= 1 << 20 for o in short.offsets)
+    r = Replica("seg", 4096, 4096, host="h")
+    assert p.Run.of(_started(r, Replica("seg", 8192, 4096, host="h"))) is not None
+    for other in (Replica("two", 8192, 4096, host="h"), Replica("seg", 8192, 100, host="h"),
+                  Replica("seg", 8192, 4096, host="h", note_at=64, note_seq=1),
+                  StoreError("exists", ErrorCode.OBJECT_ALREADY_EXISTS)):
+        assert p.Run.of(_started(r, other)) is None  # anything else: the long answer
+    assert p.Run.of(_started(r)) is None and p.Run.of([(r, r), (r,)]) is None
+
+
+@pytest.mark.parametrize("bad", [{"offsets": [-1]}, {"size": 0}, {"segment": ""},
+                                 {"tier": "tape"}])
+def test_a_short_answer_out_of_bounds_is_refused(bad: dict[str, Any]) -> None:
+    from mooncake_cli.store.client.batch_puts import STARTED
+
+    run = {"segment": "seg", "host": "h", "tier": "dram", "size": 4096, "offsets": [0, 4096],
+           **bad}
+    with pytest.raises(StoreError, match="unexpected result") as e:
+        p.result(p.Reply(True, 0, "", msgspec.Raw(msgspec.msgpack.encode(run))), STARTED)
+    assert e.value.code == ErrorCode.RPC_FAIL

@@ -27,6 +27,7 @@ from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.wire import protocol as p
 
 log = logging.getLogger("mooncake.store")
+STARTED = p.Run | p.batch(list[Replica])  # a batch start's answer: short or per key
 
 
 def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Sequence[str],
@@ -44,11 +45,18 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
     def meanwhile() -> None:
         sums.extend(None if lt else checksum(v) for v, lt in zip(views, later, strict=True))
     starts = call(p.BatchPutStart(list(keys), [len(v) for v in views], config, upsert=upsert,
-                                  checksums=sums or None, notes=ha),  # type: ignore[arg-type]
-                  p.batch(list[Replica]), None if sums else meanwhile)
-    out: list[StoreError | None] = [None if ok else error_from_code(code, msg)
-                                    for ok, code, msg, _ in starts]
-    placed: list[list[Replica]] = [rs or [] for _, _, _, rs in starts]
+                                  checksums=sums or None, notes=ha, runs=True),  # type: ignore[arg-type]
+                  STARTED, None if sums else meanwhile)
+    out: list[StoreError | None]
+    placed: list[list[Replica]]
+    if type(starts) is p.Run:  # every key started, one replica each on one segment
+        placed = starts.replicas()
+        if len(placed) != len(keys):
+            raise RpcFailed(f"the master started {len(placed)} puts of {len(keys)}")
+        out = [None] * len(keys)
+    else:
+        out = [None if ok else error_from_code(code, msg) for ok, code, msg, _ in starts]
+        placed = [rs or [] for _, _, _, rs in starts]
     written: list[StoreError | None]
     try:
         rest = list(placed)

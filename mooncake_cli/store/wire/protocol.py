@@ -27,7 +27,7 @@ from mooncake_cli.store.errors import ErrorCode, InvalidParams, StoreError, erro
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.wire import incoming
 from mooncake_cli.store.wire.requests import *  # noqa: F403  (every request, for callers)
-from mooncake_cli.store.wire.requests import BATCHES, Request
+from mooncake_cli.store.wire.requests import BATCHES, BatchPutStart, Request, Run
 
 
 class Reply(msgspec.Struct, frozen=True, array_like=True):
@@ -79,7 +79,11 @@ def run(master: StoreMaster, req: Request) -> Reply:
         value: Any = req.call(master)
     except StoreError as e:
         return error(e)
-    return replies(value) if type(req) in _BATCHES else ok(value)
+    if type(req) not in _BATCHES:
+        return ok(value)
+    if type(req) is BatchPutStart and req.runs and (run := Run.of(value)) is not None:
+        return ok(run)
+    return replies(value)
 
 
 def decode_reply(body: bytes) -> Reply:
