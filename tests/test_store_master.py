@@ -261,3 +261,10 @@ def test_a_batch_on_one_segment_is_cut_at_once_and_refused_keys_keep_no_block(
     assert m.stats().tiers["dram"].bytes_used == 0
     mixed = m.batch_put_start(["m0", "m1"], [1000, 3000])  # sizes differ: one at a time
     assert [r[0].size for r in mixed if isinstance(r, tuple)] == [1000, 3000]
+    fresh = m.batch_put_start(["f0", "f1", "f2"], [1000] * 3)  # all new: placed at once
+    offs = [r[0].offset for r in fresh]  # type: ignore[index]
+    assert all(b - a == 1024 for a, b in pairwise(offs))  # one run, in the keys' order
+    assert m.batch_put_end(["f0", "f1", "f2"], ["c"] * 3) == [None] * 3  # admitted as by
+    assert all(m.exists(k) for k in ("f0", "f1", "f2"))  # `_start`, each its own block
+    again = m.batch_put_start(["f3", "f1", "ü"], [1000] * 3)  # not all plain and new
+    assert isinstance(again[1], ObjectAlreadyExists) and isinstance(again[2], tuple)

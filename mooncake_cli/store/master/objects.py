@@ -102,9 +102,9 @@ class Objects:
             plan = _Plan(st, config, tier, upsert, now)
             plan.started = {}
             plan.carved = self._carve(sizes, tier)
-            out: list[tuple[Replica, ...] | StoreError] = []
+            out: list[tuple[Replica, ...] | StoreError] = self._fresh(keys, sizes, plan)
             try:
-                for key, size in zip(keys, sizes, strict=True):
+                for key, size in zip(keys[len(out):], sizes[len(out):], strict=True):
                     try:
                         out.append(self._start(key, size, plan))
                     except StoreError as e:
@@ -114,6 +114,25 @@ class Objects:
                     st.segments.release(r)
             st.defer(lambda: self._admit(plan))
             return out
+
+    def _fresh(self, keys: Sequence[str], sizes: Sequence[int], plan: _Plan
+               ) -> list[tuple[Replica, ...] | StoreError]:
+        """The whole batch at once, as `_start` would place it key by key, when its blocks were
+        carved and every key is a plain new one (distinct ASCII keys the index does not have):
+        each its carved block. [] otherwise (then `_start` takes each key)."""
+        carved, objects = plan.carved, self.state.objects
+        if len(carved) != len(keys) or len(set(keys)) != len(keys) or \
+                not all(type(k) is str and k.isascii() and 0 < len(k) <= MAX_KEY_BYTES
+                        for k in keys) or any(k in objects for k in keys):
+            return []
+        size, config, now, deadline, pin = sizes[0], plan.config, plan.now, plan.deadline, \
+            plan.pin
+        placed: list[tuple[Replica, ...]] = [(r,) for r in reversed(carved)]  # last first
+        carved.clear()
+        assert plan.started is not None
+        plan.started.update({k: ObjectMeta(k, size, rs, config, now, now, 0.0, deadline, pin)
+                             for k, rs in zip(keys, placed, strict=True)})  # checked fields
+        return list(placed)
 
     def _carve(self, sizes: Sequence[int], tier: Tier) -> list[Replica]:
         """A batch's blocks cut at once (SegmentTable.carve), last first, when every value has
