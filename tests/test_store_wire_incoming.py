@@ -120,3 +120,29 @@ def test_a_short_answer_out_of_bounds_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(StoreError, match="unexpected result") as e:
         p.result(p.Reply(True, 0, "", msgspec.Raw(msgspec.msgpack.encode(run))), STARTED)
     assert e.value.code == ErrorCode.RPC_FAIL
+
+
+def test_a_batch_get_of_one_segment_is_answered_in_short_with_each_checksum() -> None:
+    from mooncake_cli.store.client.store_client import FOUND
+    from mooncake_cli.store.master import StoreMaster
+    from mooncake_cli.store.records import Segment
+
+    m = StoreMaster()
+    m.mount_segment(Segment("seg", "c", "h", 1 << 20, 1 << 24))
+    sizes = {"a": 100, "b": 5000, "c": 64}
+    for k, n in sizes.items():
+        m.put_start(k, n)
+        m.put_end(k, f"sum-{k}")
+    got = p.result(p.decode_reply(p.encode(p.run(m, p.BatchGetReplicaList(list(sizes),
+                                                                           runs=True)))), FOUND)
+    assert type(got) is p.Found and got.sizes == [100, 5000, 64]
+    assert got.replicas() == [list(m.get_replica_list(k)) for k in sizes]  # the same records
+    assert all(rs[0].status is ReplicaStatus.COMPLETE and rs[0].checksum == f"sum-{k}"
+               for k, rs in zip(sizes, got.replicas(), strict=True))
+    m.put_start("pending", 10)
+    for keys in (["a", "missing"], ["a", "pending"]):  # a key not found: per key, as before
+        long = p.result(p.decode_reply(p.encode(p.run(
+            m, p.BatchGetReplicaList(keys, runs=True)))), FOUND)
+        assert type(long) is list and not long[1][0]
+    with pytest.raises(StoreError, match="differ in length"):
+        p.Found("seg", "h", "dram", [0, 64], [10], [None, None]).replicas()

@@ -33,7 +33,13 @@ from mooncake_cli.store.client.replica_adds import add_replicas
 from mooncake_cli.store.client.replica_io import ReplicaIO
 from mooncake_cli.store.client.ssd_node import SsdNode
 from mooncake_cli.store.client.values import checksum, readable
-from mooncake_cli.store.errors import InvalidParams, ObjectAlreadyExists, StoreError, TransferFailed
+from mooncake_cli.store.errors import (
+    InvalidParams,
+    ObjectAlreadyExists,
+    RpcFailed,
+    StoreError,
+    TransferFailed,
+)
 from mooncake_cli.store.ha.leader import LeaderInfo, is_ha
 from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, Segment, StoreStats
 from mooncake_cli.store.wire import protocol as p
@@ -43,6 +49,9 @@ from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region, host_view
 
 log = logging.getLogger("mooncake.store")
+
+
+FOUND = p.Found | p.batch(list[Replica])  # a batch get's answer: short or per key
 
 
 class StoreClient:
@@ -206,7 +215,12 @@ class StoreClient:
 
     def batch_get(self, keys: Sequence[str]) -> list[bytes | StoreError]:
         """The value of each key, or the error it met."""
-        items = self._call(p.BatchGetReplicaList(list(keys)), p.batch(list[Replica]))
+        items = self._call(p.BatchGetReplicaList(list(keys), runs=True), FOUND)
+        if type(items) is p.Found:  # every key found, one replica each on one segment
+            lists = items.replicas()
+            if len(lists) != len(keys):
+                raise RpcFailed(f"the master found {len(lists)} of {len(keys)} keys")
+            return self.io.read_batch(keys, lists)
         found: list[tuple[int, list[Replica]]] = []
         out: list[bytes | StoreError] = []
         for i, item in enumerate(p.each(items)):

@@ -27,7 +27,8 @@ from mooncake_cli.store.errors import ErrorCode, InvalidParams, StoreError, erro
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.wire import incoming
 from mooncake_cli.store.wire.requests import *  # noqa: F403  (every request, for callers)
-from mooncake_cli.store.wire.requests import BATCHES, BatchPutStart, Request, Run
+from mooncake_cli.store.wire.requests import BATCHES, BatchGetReplicaList, BatchPutStart, Request
+from mooncake_cli.store.wire.short import Found, Run
 
 
 class Reply(msgspec.Struct, frozen=True, array_like=True):
@@ -83,6 +84,8 @@ def run(master: StoreMaster, req: Request) -> Reply:
         return ok(value)
     if type(req) is BatchPutStart and req.runs and (run := Run.of(value)) is not None:
         return ok(run)
+    if type(req) is BatchGetReplicaList and req.runs and (found := Found.of(value)) is not None:
+        return ok(found)
     return replies(value)
 
 

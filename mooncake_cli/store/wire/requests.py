@@ -19,7 +19,6 @@ from mooncake_cli.store.records import (
     MAX_OBJECT_SIZE,
     ObjectMeta,
     Replica,
-    ReplicaStatus,
     ReplicateConfig,
     Segment,
     StoreStats,
@@ -176,43 +175,6 @@ class BatchPutStart(_Req, tag="batch_put_start"):
                                  upsert=self.upsert)
 
 
-class Run(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A batch_put_start answer in short: every key started with one pending replica of `size`
-    bytes on `segment` (of `host`, `tier`), at `offsets[i]` for the i-th key (what a writer
-    holding its own replicas gets: one record of the segment instead of one per key)."""
-
-    segment: SegmentName
-    host: Annotated[str, msgspec.Meta(max_length=1024)]
-    tier: Tier
-    size: Size
-    offsets: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
-                       msgspec.Meta(max_length=MAX_BATCH)]
-
-    @classmethod
-    def of(cls, started: list[Any]) -> Run | None:
-        """The Run of a batch_put_start's per-key results, None where none describes them."""
-        if len(started) < 2 or type(first := started[0]) is not tuple or len(first) != 1:
-            return None
-        r0 = first[0]
-        seg, host, tier, size = r0.segment, r0.host, r0.tier, r0.size
-        offsets = []
-        for rs in started:
-            if type(rs) is not tuple or len(rs) != 1:
-                return None
-            r = rs[0]
-            if r.segment != seg or r.size != size or r.host != host or r.tier != tier or \
-                    r.checksum is not None or r.status is not ReplicaStatus.PENDING or \
-                    r.note_at or r.note_seq:
-                return None
-            offsets.append(r.offset)
-        return cls(seg, host, tier, size, offsets)
-
-    def replicas(self) -> list[list[Replica]]:
-        """Per key, its replicas as the long answer lists them."""
-        seg, size, tier, host = self.segment, self.size, self.tier, self.host
-        return [[Replica(seg, off, size, tier, host)] for off in self.offsets]
-
-
 class BatchReplicaClear(_Req, tag="batch_replica_clear"):
     keys: Keys
     segment: Annotated[str, msgspec.Meta(max_length=1024)] = ""
@@ -239,6 +201,10 @@ class BatchPutRevoke(_KeysReq, tag="batch_put_revoke"):
 
 
 class BatchGetReplicaList(_KeysReq, tag="batch_get_replica_list"):
+    """`runs`: the client takes a `Found` for an answer where one describes it."""
+
+    runs: bool = False
+
     def call(self, m: StoreMaster) -> list[Any]:
         return m.batch_get_replica_list(self.keys)
 
