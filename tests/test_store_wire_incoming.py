@@ -99,7 +99,9 @@ def test_a_batch_start_on_one_segment_is_answered_in_short_and_reads_back_the_sa
     long = p.each(p.result(p.decode_reply(p.encode(p.run(
         m, p.BatchPutStart([f"x{i}" for i in range(4)], [4096] * 4)))), STARTED))
     assert [rs[0].status for rs in long] == [ReplicaStatus.PENDING] * 4  # not asked: per key
-    assert short.replicas() == [[Replica("seg", off, 4096, "dram", "h")] for off in short.offsets]
+    made = [[Replica("seg", off, 4096, "dram", "h")] for off in short.offsets]
+    assert short.replicas() == made  # copied from the first, each at its own offset
+    assert [hash(rs[0]) for rs in short.replicas()] == [hash(rs[0]) for rs in made]
     assert len(set(short.offsets)) == 4 and all(o >= 1 << 20 for o in short.offsets)
     r = Replica("seg", 4096, 4096, host="h")
     assert p.Run.of(_started(r, Replica("seg", 8192, 4096, host="h"))) is not None

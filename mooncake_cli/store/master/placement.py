@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 
 from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT, Allocator
 from mooncake_cli.store.errors import InvalidReplica, SegmentAlreadyExists, SegmentNotFound
-from mooncake_cli.store.records import Replica, ReplicaStatus, Segment, Tier
+from mooncake_cli.store.records import Replica, ReplicaStatus, Segment, Tier, moved_to
 
 
 class _Mount:
@@ -178,7 +178,8 @@ class SegmentTable:
         offsets = m.alloc.alloc_run(size, count)
         if offsets is None:
             return []
-        return [m.replica(off, size) for off in offsets]
+        first, base = m.replica(offsets[0], size), m.segment.base
+        return [first, *moved_to(first, (base + off for off in offsets[1:]))]
 
     def _mounts_on(self, name: str, size: int, tier: Tier) -> list[_Mount]:
         """The `tier` mounts of transfer segment `name` large enough for `size` bytes."""

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 
 from mooncake_cli.store.errors import InvalidParams
-from mooncake_cli.store.records import Replica, ReplicaStatus, Tier
+from mooncake_cli.store.records import Replica, ReplicaStatus, Tier, moved_to
 from mooncake_cli.store.wire.requests import MAX_BATCH, Checksum, SegmentName, Size
 
 
@@ -47,8 +47,10 @@ class Run(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def replicas(self) -> list[list[Replica]]:
         """Per key, its replicas as the long answer lists them."""
-        seg, size, tier, host = self.segment, self.size, self.tier, self.host
-        return [[Replica(seg, off, size, tier, host)] for off in self.offsets]
+        if not self.offsets:
+            return []
+        first = Replica(self.segment, self.offsets[0], self.size, self.tier, self.host)
+        return [[first], *([r] for r in moved_to(first, self.offsets[1:]))]  # offsets >= 0
 
 
 class Found(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
