@@ -14,6 +14,24 @@ from mooncake_cli.store.records import Replica, ReplicaStatus, Tier, moved_to
 from mooncake_cli.store.wire.requests import MAX_BATCH, Checksum, SegmentName, Size
 
 
+def _single(results: list[Any], status: ReplicaStatus) -> list[Replica] | None:
+    """Each key's one replica, when every key of a batch's per-key `results` has exactly one,
+    all `status`, on one segment (host, tier) and with no ledger record; else None."""
+    if not results or type(first := results[0]) is not tuple or len(first) != 1:
+        return None
+    seg, host, tier = first[0].segment, first[0].host, first[0].tier
+    out = []
+    for rs in results:
+        if type(rs) is not tuple or len(rs) != 1:
+            return None
+        r = rs[0]
+        if r.segment != seg or r.host != host or r.tier != tier or r.status is not status or \
+                r.note_at or r.note_seq:
+            return None
+        out.append(r)
+    return out
+
+
 class Run(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A batch_put_start answer in short: every key started with one pending replica of `size`
     bytes on `segment` (of `host`, `tier`), at `offsets[i]` for the i-th key (what a writer
@@ -29,21 +47,13 @@ class Run(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @classmethod
     def of(cls, started: list[Any]) -> Run | None:
         """The Run of a batch_put_start's per-key results, None where none describes them."""
-        if len(started) < 2 or type(first := started[0]) is not tuple or len(first) != 1:
+        one = _single(started, ReplicaStatus.PENDING) if len(started) > 1 else None
+        if one is None:
             return None
-        r0 = first[0]
-        seg, host, tier, size = r0.segment, r0.host, r0.tier, r0.size
-        offsets = []
-        for rs in started:
-            if type(rs) is not tuple or len(rs) != 1:
-                return None
-            r = rs[0]
-            if r.segment != seg or r.size != size or r.host != host or r.tier != tier or \
-                    r.checksum is not None or r.status is not ReplicaStatus.PENDING or \
-                    r.note_at or r.note_seq:
-                return None
-            offsets.append(r.offset)
-        return cls(seg, host, tier, size, offsets)
+        size = one[0].size
+        if any(r.size != size or r.checksum is not None for r in one):
+            return None
+        return cls(one[0].segment, one[0].host, one[0].tier, size, [r.offset for r in one])
 
     def replicas(self) -> list[list[Replica]]:
         """Per key, its replicas as the long answer lists them."""
@@ -69,22 +79,11 @@ class Found(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @classmethod
     def of(cls, found: list[Any]) -> Found | None:
         """The Found of a batch_get_replica_list's per-key results, None where none fits."""
-        if not found or type(first := found[0]) is not tuple or len(first) != 1:
+        one = _single(found, ReplicaStatus.COMPLETE)
+        if one is None:
             return None
-        r0 = first[0]
-        seg, host, tier = r0.segment, r0.host, r0.tier
-        offsets, sizes, sums = [], [], []
-        for rs in found:
-            if type(rs) is not tuple or len(rs) != 1:
-                return None
-            r = rs[0]
-            if r.segment != seg or r.host != host or r.tier != tier or \
-                    r.status is not ReplicaStatus.COMPLETE or r.note_at or r.note_seq:
-                return None
-            offsets.append(r.offset)
-            sizes.append(r.size)
-            sums.append(r.checksum)
-        return cls(seg, host, tier, offsets, sizes, sums)
+        return cls(one[0].segment, one[0].host, one[0].tier, [r.offset for r in one],
+                   [r.size for r in one], [r.checksum for r in one])
 
     def replicas(self) -> list[list[Replica]]:
         """Per key, its replicas as the long answer lists them."""
