@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -191,25 +191,14 @@ class ReportBook:
         if told is None and (old is None or old.put_deadline is not None):
             if new is None or new.put_deadline is not None:
                 return  # no complete replica on either side (a put started or revoked)
-            config = new.config  # a put ended: its complete DRAM replicas are news
-            for r in new.replicas:
-                if r.tier == "dram" and r.status is ReplicaStatus.COMPLETE and \
-                        (j := self._owner(r)) is not None:
-                    if own and r.segment == own and not self._collecting and \
-                            not j.mentions(key):
-                        j.partial = True  # the writer's own record: no report back to it
-                        continue
-                    j.note(_held(key, r, config))  # the key was checked when the put started
-                    self._mark(j)
+            self._put_ended(new, own, self._owner)  # its complete DRAM replicas are news
             return
         before = _dram(old) if old is not None and old.put_deadline is None else {}
         after = _dram(new)
         for slot, r in before.items():
             if slot not in after and old is not None and (j := self._owner(r)) is not None:
-                if own and new is None and r.segment == own and not self._collecting and \
-                        not j.mentions(key):
-                    j.partial = True  # the remover's own: it forgets the replica itself
-                    continue
+                if new is None and self._own_record(j, key, r, own):
+                    continue  # the remover's own: it forgets the replica itself
                 j.note(Gone(key, r.offset))
                 self._mark(j)
         for slot, r in after.items():
@@ -229,30 +218,41 @@ class ReportBook:
         if not self._journals:
             return
         owners: dict[str, tuple[Segment, Journal]] = {}
-        complete, collecting = ReplicaStatus.COMPLETE, self._collecting
+
+        def owner(r: Replica) -> Journal | None:
+            if (seen := owners.get(r.segment)) is not None and seen[0].holds(r.offset, r.size):
+                return seen[1]
+            seg = self._segments.locate(r)
+            j = None if seg is None else self._journals.get(seg.client_id)
+            if seg is not None and j is not None:
+                owners[r.segment] = (seg, j)
+            return j
         for old, new in pairs:
-            key = new.key
-            if old.put_deadline is None or (self._told and key in self._told):
+            if old.put_deadline is None or (self._told and new.key in self._told):
                 self.note(old, new, own)  # not the plain end of a put
-                continue
-            for r in new.replicas:
-                if r.tier != "dram" or r.status is not complete:
-                    continue
-                seen = owners.get(r.segment)
-                if seen is not None and seen[0].holds(r.offset, r.size):
-                    j = seen[1]
-                else:
-                    seg = self._segments.locate(r)
-                    found = None if seg is None else self._journals.get(seg.client_id)
-                    if seg is None or found is None:
-                        continue
-                    owners[r.segment] = (seg, found)
-                    j = found
-                if own and r.segment == own and not collecting and not j.mentions(key):
-                    j.partial = True  # the writer's own record: no report back to it
-                    continue
-                j.note(_held(key, r, new.config))  # the key was checked when the put started
-                self._mark(j)
+            else:
+                self._put_ended(new, own, owner)
+
+    def _put_ended(self, new: ObjectMeta, own: str,
+                   owner: Callable[[Replica], Journal | None]) -> None:
+        """The put of `new` ended: a Held for each of its complete DRAM replicas to the journal
+        of its owner (found by `owner`), but for the writer's own record."""
+        key, config, mark = new.key, new.config, self._mark
+        for r in new.replicas:
+            if r.tier == "dram" and r.status is ReplicaStatus.COMPLETE and \
+                    (j := owner(r)) is not None and \
+                    not (r.segment == own and self._own_record(j, key, r, own)):
+                j.note(_held(key, r, config))  # the key was checked when the put started
+                mark(j)
+
+    def _own_record(self, j: Journal, key: str, r: Replica, own: str) -> bool:
+        """Whether the writer (or remover) whose segment is `own` records this change of `r`
+        itself, so that `j` is not told: when `r` is on `own`, nothing is collected (HA) and
+        `j` mentions nothing else of `key` (marked partial then)."""
+        if own and r.segment == own and not self._collecting and not j.mentions(key):
+            j.partial = True
+            return True
+        return False
 
     def _settle(self, key: str, told: dict[tuple[str, int], Replica],
                 new: ObjectMeta | None) -> None:
