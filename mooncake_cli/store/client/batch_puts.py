@@ -37,7 +37,7 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
     with the batch start and the writes leave ledger records (the leader answers at once)."""
     if len(keys) != len(values):
         raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
-    views = [memoryview(v) if type(v) is bytes else readable(v) for v in values]
+    views = [readable(v) for v in values]
     sums: list[str | None] = [checksum(v) for v in views] if ha else []  # else: below
     later = io.fusing(views, ha)  # hashed as copied into our segment, else while the master
     # works

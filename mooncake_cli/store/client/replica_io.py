@@ -68,6 +68,15 @@ class ReplicaIO:
         self.ledger: Region | None = None  # this client's put ledger (HA), see store/ledger.py
         self._landing = Landing(engine)
 
+    def _span(self) -> tuple[memoryview | None, int, int, str]:
+        """This client's own region as a batch tests its replicas against it inline (what
+        `local_view` tests per replica): its view (None: no host region), [base, end), and
+        the segment name."""
+        region = self.region
+        if region is None or region.view is None:
+            return None, 0, 0, self.engine.name
+        return region.view, region.base, region.base + region.length, self.engine.name
+
     def local_view(self, r: Replica) -> memoryview | None:
         """The bytes of `r` when it lives in this client's own region."""
         region = self.region
@@ -149,9 +158,7 @@ class ReplicaIO:
         else the error."""
         out: list[StoreError | None] = [None] * len(views)
         remote: list[tuple[int, Replica]] = []
-        region, name = self.region, self.engine.name
-        mine = region.view if region is not None else None
-        base, end = (region.base, region.base + region.length) if region is not None else (0, 0)
+        mine, base, end, name = self._span()
         for i, (view, rs) in enumerate(zip(views, replicas, strict=True)):
             for r in rs:  # local_view's test, inline: a batch of small values is mostly this
                 at = r.offset
@@ -349,9 +356,7 @@ class ReplicaIO:
         other key read in one engine batch; a key whose first pick fails tries the rest."""
         out: list[bytes | StoreError | None] = [None] * len(keys)
         remote: list[tuple[int, Replica]] = []
-        region, name = self.region, self.engine.name
-        mine = region.view if region is not None else None
-        base, end = (region.base, region.base + region.length) if region is not None else (0, 0)
+        mine, base, end, name = self._span()
         for i, rs in enumerate(replicas):
             if not rs:
                 out[i] = ObjectNotFound(f"object {keys[i]!r} has no replica")

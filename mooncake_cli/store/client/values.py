@@ -59,6 +59,8 @@ def checksum(view: Any) -> str:
 def readable(data: Any) -> Any:
     """A flat byte view of a value to put: bytes-like, numpy array or CPU tensor (a Gathered
     value as it is)."""
+    if type(data) is bytes:  # the common case: flat, contiguous, read-only bytes
+        return memoryview(data)
     if isinstance(data, Gathered):
         return data
     if type(data).__module__.startswith("torch"):
