@@ -1,8 +1,9 @@
 """The store master: the operations its RPC service exposes, a thin facade over one state
-(state.py) and the parts composed on it: objects (objects.py: puts, reads, removal), eviction
-(eviction.py, with the policy from mooncake_cli.store.eviction), tiering (tiering.py: offloads
-and promotions), replication (replication.py: replica adds), membership (membership.py: mounts,
-liveness, the tick, stats) and rebuild (rebuild.py: re-registration after a failover).
+(state.py) and the parts composed on it: objects (objects.py: puts, reads), removal
+(removal.py), eviction (eviction.py, with the policy from mooncake_cli.store.eviction), tiering
+(tiering.py: offloads and promotions), replication (replication.py: replica adds), membership
+(membership.py: mounts, liveness, the tick, stats) and rebuild (rebuild.py: re-registration
+after a failover).
 
 Pure and network-free: time comes from the injected clock `now` (seconds, monotonic), so tests
 drive expiry without sleeping. Every public method is thread-safe (one lock). Batch forms return
@@ -23,6 +24,7 @@ from mooncake_cli.store.master.eviction import Eviction
 from mooncake_cli.store.master.membership import Membership
 from mooncake_cli.store.master.objects import Objects
 from mooncake_cli.store.master.rebuild import Rebuild
+from mooncake_cli.store.master.removal import Removal
 from mooncake_cli.store.master.replication import Replication
 from mooncake_cli.store.master.state import MasterState
 from mooncake_cli.store.master.tiering import Tiering
@@ -66,7 +68,8 @@ class StoreMaster:
         self.put_start, self.put_end, self.put_revoke = o.put_start, o.put_end, o.put_revoke
         self.get_replica_list, self.exists, self.describe = o.get_replica_list, o.exists, \
             o.describe
-        self.list, self.remove, self.remove_all = o.list, o.remove, o.remove_all
+        self.removal = rm = Removal(st)
+        self.list, self.remove, self.remove_all = o.list, rm.remove, rm.remove_all
         m, t, r, b = self.membership, self.tiering, self.replication, self.rebuild
         self.mount_segment, self.unmount_segment = m.mount_segment, m.unmount_segment
         self.unmount_client, self.heartbeat = m.unmount_client, m.heartbeat
@@ -130,7 +133,7 @@ class StoreMaster:
         if not isinstance(keys, (list, tuple)) or not isinstance(segment, str):
             raise InvalidParams("batch_replica_clear takes a list of keys and a segment name")
         with self._lock:
-            return [k for k in keys if self.objects.replica_clear(k, segment)]
+            return [k for k in keys if self.removal.replica_clear(k, segment)]
 
     def batch_put_end(self, keys: Sequence[str], checksums: Sequence[str | None] | None = None,
                       own: str = "") -> Results[None]:
