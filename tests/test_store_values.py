@@ -1,5 +1,6 @@
-"""The client's verified copies (store/client/values.py): large parts are copied by two threads
-(SPLIT), and the checksum is still the xxh3_64 of the whole value, in order."""
+"""The client's verified copies (store/client/values.py): streamed (mooncake_cli/native), a large
+part (HANDOFF) by a helper thread while this one hashes it; the checksum is still the xxh3_64 of
+the whole value, in order."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ def _bytes(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
-@pytest.mark.parametrize("n", [4096, values.SPLIT - 1, values.SPLIT, 5 * values.SPLIT + 12345])
+_H = values.HANDOFF
+
+
+@pytest.mark.parametrize("n", [4096, _H - 1, _H, 5 * _H + 12345])
 def test_a_copy_lands_every_byte_and_hashes_the_whole_value(n: int) -> None:
     src = _bytes(n, n)
     dest = np.zeros(n + 64, np.uint8)
@@ -29,7 +33,7 @@ def test_a_copy_lands_every_byte_and_hashes_the_whole_value(n: int) -> None:
 
 
 def test_a_gathered_value_hashes_as_its_concatenation() -> None:
-    head, body = _bytes(304, 1), _bytes(3 * values.SPLIT + 7, 2)
+    head, body = _bytes(304, 1), _bytes(3 * values.HANDOFF + 7, 2)
     dest = np.zeros(len(head) + len(body), np.uint8)
     got = copy_hashed(memoryview(dest), Gathered([head, body]))
     whole = np.concatenate([head, body])
@@ -38,7 +42,7 @@ def test_a_gathered_value_hashes_as_its_concatenation() -> None:
 
 
 def test_a_checked_copy_finds_a_flipped_byte_in_the_part_the_helper_copies() -> None:
-    n = 4 * values.SPLIT
+    n = 4 * values.HANDOFF
     src = _bytes(n, 3)
     want = xxhash.xxh3_64_hexdigest(src)
     dest = np.zeros(n, np.uint8)
@@ -49,16 +53,16 @@ def test_a_checked_copy_finds_a_flipped_byte_in_the_part_the_helper_copies() -> 
 
 
 def test_a_value_larger_than_the_buffer_is_refused_before_any_copy() -> None:
-    dest = np.zeros(values.SPLIT, np.uint8)
+    dest = np.zeros(values.HANDOFF, np.uint8)
     with pytest.raises(BufferOverflow):
-        copy_hashed(memoryview(dest), memoryview(_bytes(values.SPLIT + 1, 4)))
+        copy_hashed(memoryview(dest), memoryview(_bytes(values.HANDOFF + 1, 4)))
     assert not dest.any()
 
 
 def test_a_forked_child_copies_large_values_with_a_helper_of_its_own() -> None:
     import os
 
-    src = _bytes(2 * values.SPLIT, 5)
+    src = _bytes(2 * values.HANDOFF, 5)
     dest = np.zeros(len(src), np.uint8)
     copy_hashed(memoryview(dest), memoryview(src))  # the parent's helper thread is started
     pid = os.fork()
@@ -73,3 +77,42 @@ def test_a_forked_child_copies_large_values_with_a_helper_of_its_own() -> None:
         os.waitpid(pid, 0)
         pytest.fail("the child's copy waited on a helper thread it does not have")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+_COPIES = [values.stream_copy, values.memmove_copy]
+
+
+def test_the_streamed_copy_is_built_on_x86_64() -> None:
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("non-temporal stores are x86-64 only; elsewhere stream_copy is memcpy")
+    from mooncake_cli.native import streamcopy
+
+    assert values.stream_copy is streamcopy.stream_copy and streamcopy.STREAMS == 1
+
+
+@pytest.mark.parametrize("copy", _COPIES, ids=["stream_copy", "memmove_copy"])
+@pytest.mark.parametrize("n", [0, 1, 63, 4095, 4096, 4097, 65535, 65536, 1 << 20 | 77])
+@pytest.mark.parametrize("skew", [(0, 0), (1, 0), (0, 7), (15, 3)])
+def test_a_copy_at_any_alignment_lands_every_byte_and_nothing_else(
+        copy: object, n: int, skew: tuple[int, int]) -> None:
+    d, s = skew
+    src = _bytes(n + s, n + d)
+    dest = np.zeros(n + d + 64, np.uint8)
+    copy(memoryview(dest)[d:], memoryview(src)[s:])  # type: ignore[operator]
+    assert np.array_equal(dest[d:d + n], src[s:])
+    assert not dest[:d].any() and not dest[d + n:].any()
+
+
+@pytest.mark.parametrize("copy", _COPIES, ids=["stream_copy", "memmove_copy"])
+def test_a_copy_refuses_a_value_larger_than_its_buffer_and_writes_nothing(copy: object) -> None:
+    dest = np.zeros(4096, np.uint8)
+    with pytest.raises(ValueError, match="do not fit"):
+        copy(memoryview(dest), memoryview(_bytes(4097, 6)))  # type: ignore[operator]
+    assert not dest.any()
+
+
+def test_the_streamed_copy_refuses_a_read_only_destination() -> None:
+    with pytest.raises(TypeError):
+        values.stream_copy(b"\0" * 8192, b"x" * 8192)

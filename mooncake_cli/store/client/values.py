@@ -1,7 +1,8 @@
 """Values to put and the copies that verify them: a caller's value as a flat byte view
 (`readable`; a `Gathered` one stays in its parts), its xxh3_64 checksum, and copies that hash
-as they go (`copy_hashed`, `copy_checked`), BLOCK bytes at a time without the GIL (a small
-value in one go, with it)."""
+as they go (`copy_hashed`, `copy_checked`): streamed (`stream_copy`: non-temporal stores, see
+mooncake_cli/native/streamcopy.c), the source hashed while its lines are still in the cache; a
+part from HANDOFF bytes is copied by a helper thread while this one hashes it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -18,18 +19,33 @@ import xxhash
 from mooncake_cli.store.errors import BufferOverflow, InvalidParams
 from mooncake_cli.transfer.segment import host_view
 
-BLOCK = 1 << 20  # bytes copied, then hashed, at a time (copy_hashed). Not less: on an AMD EPYC
-# VM, glibc's memmove of 256 KiB blocks out of a memfd mapping ran at a third of the speed of
-# 1 MiB ones (its `rep movsb` range, it seems; scripts/bench_copy_hashed.py)
 FUSED = 64 << 10  # values from this size may be hashed as they are copied into the own segment
 AHEAD = 2 << 20  # bytes of one put's values hashed while the master works on its start; past
 # them a value from FUSED bytes is hashed as it is copied (the copy then finds it in no cache)
-SPLIT = 2 << 20  # a part from this size is copied by two threads: the tail (TAIL of it) by a
-# helper while this one copies and hashes the head, then hashes the tail (16 MiB, 2 cores:
-# 2.2 -> 1.5 ms; one thread's memmove does not reach the memory's bandwidth here)
-TAIL = 0.75
-SMALL = 128 << 10  # values up to this size are copied in one slice assignment, GIL held: for
-# 4 KiB, 0.35 µs copied and hashed against 6.4 µs through ctypes (numpy finds the addresses)
+HANDOFF = 2 << 20  # a part from this size is copied by a helper thread while this one hashes
+# it (16 MiB, 2 cores: copy then hash 2.4 ms, side by side 1.7-2.0; at 1 MiB the handoff costs
+# what it saves)
+
+
+def address(view: memoryview) -> int:
+    """Where `view`'s bytes start (read-only views included)."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
+
+
+def memmove_copy(dest: Any, src: Any, /) -> None:
+    """Copy `src`'s bytes into the start of `dest` by glibc's memmove, without the GIL (what
+    `stream_copy` is where the C helper is not built: no C compiler at install)."""
+    n = len(src)
+    if n > len(dest):
+        raise ValueError(f"{n} bytes do not fit a buffer of {len(dest)}")
+    if n:
+        ctypes.memmove(address(dest), address(src), n)
+
+
+try:
+    from mooncake_cli.native.streamcopy import stream_copy
+except ImportError:
+    stream_copy = memmove_copy
 
 
 class Gathered:
@@ -74,40 +90,27 @@ def readable(data: Any) -> Any:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def address(view: memoryview) -> int:
-    """Where `view`'s bytes start (read-only views included)."""
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
-
-
 def copy_hashed(dest: memoryview, src: memoryview | Gathered) -> str:
     """Copy `src` (or each part of it, one after the other) into the start of `dest`; its
-    checksum. Copied and hashed BLOCK bytes at a time, so the hash reads what the copy just
-    left in the cache instead of going to memory a second time; the copies run without the GIL
-    (ctypes.memmove), so concurrent ones copy side by side."""
+    checksum (of the source's bytes, as they were read for the copy)."""
     if len(src) > len(dest):
         raise BufferOverflow(f"{len(src)} bytes do not fit a buffer of {len(dest)}")
-    if len(src) <= SMALL and not isinstance(src, Gathered) and _slice_copy(dest, src):
-        return xxhash.xxh3_64_hexdigest(dest[:len(src)])
-    parts = src.parts if isinstance(src, Gathered) else [src]
+    if not isinstance(src, Gathered) and len(src) < HANDOFF:
+        stream_copy(dest, src)
+        return xxhash.xxh3_64_hexdigest(src)
     h = xxhash.xxh3_64()
     at = 0
-    for part in parts:
+    for part in src.parts if isinstance(src, Gathered) else [src]:
         n = len(part)
-        to, frm = address(dest[at:at + n]), address(part)
-        head = n - (int(n * TAIL) & ~0xFFFF) if n >= SPLIT else n
-        tail: Future[object] | None = None
-        if head < n:
-            tail = _helper().submit(ctypes.memmove, to + head, frm + head, n - head)
-        try:
-            for off in range(0, head, BLOCK):
-                end = min(head, off + BLOCK)
-                ctypes.memmove(to + off, frm + off, end - off)
-                h.update(dest[at + off:at + end])
-            if head < n:
-                h.update(part[head:])  # the same bytes the helper is copying
-        finally:
-            if tail is not None:
-                tail.result()
+        if n < HANDOFF:
+            stream_copy(dest[at:at + n], part)
+            h.update(part)
+        else:
+            copied = _helper().submit(stream_copy, dest[at:at + n], part)
+            try:
+                h.update(part)  # xxhash lets go of the GIL too
+            finally:
+                copied.result()
         at += n
     return h.hexdigest()
 
@@ -117,7 +120,7 @@ _pool_lock = threading.Lock()
 
 
 def _helper() -> ThreadPoolExecutor:
-    """The one thread that copies the tails of large values (started on first use, and again
+    """The one thread that copies large values (started on first use, and again
     in a forked child, which inherits the pool but not its thread)."""
     global _pool
     pool = _pool
@@ -142,17 +145,6 @@ def copy_checked(dest: memoryview, src: memoryview, want: str | None) -> bool:
     """Copy `src` into the start of `dest`; whether the copy matches checksum `want` (None:
     not checked), as `copy_hashed`."""
     if want is None:
-        if len(src) and not (len(src) <= SMALL and _slice_copy(dest, src)):
-            ctypes.memmove(address(dest), address(src), len(src))
+        stream_copy(dest, src)
         return True
     return copy_hashed(dest, src) == want
-
-
-def _slice_copy(dest: memoryview, src: memoryview) -> bool:
-    """Copy `src` into the start of `dest` with the GIL held (for a small value, a fraction
-    of the ctypes call's cost); False when the views do not allow it (read-only, formats)."""
-    try:
-        dest[:len(src)] = src
-    except (TypeError, ValueError):
-        return False
-    return True
