@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import xxhash
 
+from mooncake_cli import native
 from mooncake_cli.store.client import values
 from mooncake_cli.store.client.values import Gathered, copy_checked, copy_hashed
 from mooncake_cli.store.errors import BufferOverflow
@@ -79,7 +80,7 @@ def test_a_forked_child_copies_large_values_with_a_helper_of_its_own() -> None:
     assert os.waitstatus_to_exitcode(done[1]) == 0
 
 
-_COPIES = [values.stream_copy, values.memmove_copy]
+_COPIES = [native.stream_copy, native.memmove_copy]
 
 
 def test_the_streamed_copy_is_built_on_x86_64() -> None:
@@ -89,7 +90,8 @@ def test_the_streamed_copy_is_built_on_x86_64() -> None:
         pytest.skip("non-temporal stores are x86-64 only; elsewhere stream_copy is memcpy")
     from mooncake_cli.native import streamcopy
 
-    assert values.stream_copy is streamcopy.stream_copy and streamcopy.STREAMS == 1
+    assert native.STREAMED and values.stream_copy is streamcopy.stream_copy
+    assert streamcopy.STREAMS == 1
 
 
 @pytest.mark.parametrize("copy", _COPIES, ids=["stream_copy", "memmove_copy"])
@@ -113,6 +115,9 @@ def test_a_copy_refuses_a_value_larger_than_its_buffer_and_writes_nothing(copy: 
     assert not dest.any()
 
 
-def test_the_streamed_copy_refuses_a_read_only_destination() -> None:
+@pytest.mark.parametrize("copy", _COPIES, ids=["stream_copy", "memmove_copy"])
+def test_a_copy_refuses_a_read_only_destination(copy: object) -> None:
+    dest = bytes(8192)
     with pytest.raises(TypeError):
-        values.stream_copy(b"\0" * 8192, b"x" * 8192)
+        copy(dest, b"x" * 8192)  # type: ignore[operator]
+    assert dest == bytes(8192)

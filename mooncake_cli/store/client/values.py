@@ -6,16 +6,15 @@ part from HANDOFF bytes is copied by a helper thread while this one hashes it.""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 import xxhash
 
+from mooncake_cli.native import stream_copy
 from mooncake_cli.store.errors import BufferOverflow, InvalidParams
 from mooncake_cli.transfer.segment import host_view
 
@@ -25,27 +24,6 @@ AHEAD = 2 << 20  # bytes of one put's values hashed while the master works on it
 HANDOFF = 2 << 20  # a part from this size is copied by a helper thread while this one hashes
 # it (16 MiB, 2 cores: copy then hash 2.4 ms, side by side 1.7-2.0; at 1 MiB the handoff costs
 # what it saves)
-
-
-def address(view: memoryview) -> int:
-    """Where `view`'s bytes start (read-only views included)."""
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
-
-
-def memmove_copy(dest: Any, src: Any, /) -> None:
-    """Copy `src`'s bytes into the start of `dest` by glibc's memmove, without the GIL (what
-    `stream_copy` is where the C helper is not built: no C compiler at install)."""
-    n = len(src)
-    if n > len(dest):
-        raise ValueError(f"{n} bytes do not fit a buffer of {len(dest)}")
-    if n:
-        ctypes.memmove(address(dest), address(src), n)
-
-
-try:
-    from mooncake_cli.native.streamcopy import stream_copy
-except ImportError:
-    stream_copy = memmove_copy
 
 
 class Gathered:
