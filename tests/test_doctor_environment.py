@@ -12,7 +12,13 @@ import pytest
 
 from mooncake_cli.doctor import DoctorConfig, Status
 from mooncake_cli.doctor.environment import hostname_check, port_check, proxy_check
-from mooncake_cli.doctor.install import plugin_checks, python_check, pyverbs_check, torch_check
+from mooncake_cli.doctor.install import (
+    native_check,
+    plugin_checks,
+    python_check,
+    pyverbs_check,
+    torch_check,
+)
 from mooncake_cli.registry import Registry
 
 pytestmark = pytest.mark.timeout(60)
@@ -128,3 +134,11 @@ def test_python_torch_and_pyverbs() -> None:
     assert with_devices.status is (Status.OK if have else Status.WARN)
     without = pyverbs_check(DoctorConfig(root=str(SYSFS / "healthy_roce" / "dev"), env={}))
     assert without.status is (Status.OK if have else Status.SKIPPED)
+
+
+def test_the_streamed_copy_is_reported_built_or_missing_with_its_fix() -> None:
+    built = native_check()  # this tree is installed by setup.sh, which has a C compiler
+    assert built.status is Status.OK and built.data == {"streamed": True}
+    missing = native_check(False, "No module named 'mooncake_cli.native.streamcopy'")
+    assert missing.status is Status.WARN and "memmove" in missing.evidence
+    assert "streamcopy" in missing.evidence and "C compiler" in missing.fix

@@ -1,4 +1,5 @@
-"""Install checks: Python, mooncake-cli, torch (CUDA?), each plugin, pyverbs."""
+"""Install checks: Python, mooncake-cli, its compiled copy, torch (CUDA?), each plugin,
+pyverbs."""
 
 from __future__ import annotations
 
@@ -21,6 +22,24 @@ def python_check(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> Chec
                      "install Python 3.10 or newer and reinstall mooncake-cli")
     return Check(G, "python", Status.OK, f"Python {text}, mooncake-cli {__version__}",
                  data={"python": text, "mooncake_cli": __version__})
+
+
+def native_check(streamed: bool | None = None, why: str = "") -> Check:
+    """Whether the streamed copy (mooncake_cli/native/streamcopy.c) was built at install:
+    without it a store put copies its values by memmove, about 1.6x slower from 1 MiB here."""
+    if streamed is None:
+        try:
+            importlib.import_module("mooncake_cli.native.streamcopy")
+            streamed = True
+        except ImportError as e:
+            streamed, why = False, str(e)
+    if streamed:
+        return Check(G, "streamed copy", Status.OK, "compiled (mooncake_cli.native.streamcopy)",
+                     data={"streamed": True})
+    return Check(G, "streamed copy", Status.WARN, f"not built ({why}): store puts copy their "
+                 "values by memmove, ~1.6x slower from 1 MiB",
+                 "install a C compiler and Python's headers (apt install gcc python3-dev), "
+                 "then reinstall mooncake-cli", data={"streamed": False})
 
 
 def torch_check() -> Check:
@@ -77,4 +96,5 @@ def pyverbs_check(cfg: DoctorConfig) -> Check:
 
 def checks(cfg: DoctorConfig) -> list[Check]:
     registry = Registry.from_env(cfg.env)
-    return [python_check(), torch_check(), *plugin_checks(registry), pyverbs_check(cfg)]
+    return [python_check(), native_check(), torch_check(), *plugin_checks(registry),
+            pyverbs_check(cfg)]
