@@ -70,7 +70,10 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "mooncake_cli.native.streamcopy", NULL, -1, methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "mooncake_cli.native.streamcopy",
+    .m_size = -1,
+    .m_methods = methods,
 };
 
 PyMODINIT_FUNC PyInit_streamcopy(void) {
