@@ -215,8 +215,9 @@ PROSE: dict[str, dict[str, Any]] = {
         "description": [
             "doctor runs eight groups of checks and prints one row per check: its status (ok, "
             "warn, fail or skipped), the evidence it rests on, and the fix. install: Python, "
-            "the compiled streamed copy, torch, every plugin, pyverbs. environment: proxy variables that would capture "
-            "cluster traffic unless no_proxy covers the hosts, the hostname resolving to a "
+            "the compiled streamed copy, torch, every plugin, pyverbs. environment: proxy "
+            "variables that would capture cluster traffic unless no_proxy covers the hosts, "
+            "the hostname resolving to a "
             "non-loopback address, the engine's port free. metadata: etcd reachable, healthy, "
             "its version and advertised client URLs, a put/get/delete probe under a scratch "
             "key, stale segment descriptors; an HTTP metadata server probed the same way; a "
