@@ -47,7 +47,7 @@ def fill(s: MooncakeDistributedStore, n: int) -> dict[str, bytes]:
 
 
 def tiers(s: MooncakeDistributedStore, key: str) -> list[str]:
-    return ["ssd" if d.is_disk_replica() else "dram" for d in s.get_replica_desc(key)]
+    return ["ssd" if d.is_local_disk_replica() else "dram" for d in s.get_replica_desc(key)]
 
 
 @pytest.mark.parametrize("store", [("--promotion_admission_threshold", "2")], indirect=True)

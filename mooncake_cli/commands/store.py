@@ -93,6 +93,14 @@ def master(
     promotion_admission_threshold: int = typer.Option(
         None, "--promotion-admission-threshold", "--promotion_admission_threshold",
         help="Gets of an SSD-only object before it is promoted [default: 1]."),
+    root_fs_dir: str = typer.Option(
+        None, "--root-fs-dir", "--root_fs_dir", metavar="DIR",
+        help="A directory every client shares (a DFS mount): clients of the upstream API "
+             "persist each object they put to a file under DIR/CLUSTER_ID and read it back "
+             "once memory has evicted it [default: off]."),
+    cluster_id: str = typer.Option(
+        None, "--cluster-id", "--cluster_id", metavar="NAME",
+        help="This store's subdirectory of --root-fs-dir [default: mooncake_cluster]."),
 ) -> None:
     """Run the store master (metadata, allocation, leases, eviction) until Ctrl-C. The
     offload/promotion flags take upstream's spellings too (--offload_on_evict=false)."""
@@ -114,7 +122,8 @@ def master(
                        high_watermark=high_watermark, eviction_ratio=eviction_ratio,
                        eviction=eviction, metrics_port=metrics_port, ha=ha,
                        soft_pin_ttl=soft_pin_ttl,
-                       promotion_admission_threshold=promotion_admission_threshold, **flags)
+                       promotion_admission_threshold=promotion_admission_threshold,
+                       root_fs_dir=root_fs_dir, cluster_id=cluster_id, **flags)
     require_secret(cfg.host, cfg.secret, "the store master")
     with c.stop_signals() as stop, MasterService(
             master_from(cfg), cfg.host, cfg.port, cfg.secret or None,
@@ -126,6 +135,10 @@ def master(
             ready["metrics"] = service.metrics_url
         if cfg.ha:
             ready["ha"] = cfg.ha
+        fs_dir = service.master.state.fs_dir
+        if fs_dir:
+            ready["fs_dir"] = fs_dir
+        fs_line = f"  upstream API clients persist to: {escape(fs_dir)}\n" if fs_dir else ""
         metrics_line = (f"  metrics: {escape(service.metrics_url)}\n"
                         if service.metrics_url else "")
         target = cfg.ha or service.address
@@ -137,6 +150,7 @@ def master(
                   f"  node:  mooncake store serve --master {escape(target)}\n"
                   f"  stats: mooncake store stat --master {escape(target)}\n"
                   f"{metrics_line}"
+                  f"{fs_line}"
                   "Ctrl-C to stop.")
 
         def changed(leading: bool, info: LeaderInfo | None) -> None:

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 from mooncake_cli.compat import tensor_api, zero_copy
 from mooncake_cli.compat.codes import BAD, NOT_READY, code_of, put_code
+from mooncake_cli.compat.fs_tier import FileTier
+from mooncake_cli.compat.persisted import PersistedClient, fs_dir_of
 from mooncake_cli.compat.session import SetupArgs, master_reachable, start_engine
 from mooncake_cli.compat.types import (
     BufferDescriptor,
@@ -94,6 +96,9 @@ class MooncakeDistributedStore:
             self._engine = a.engine or start_engine(a, Registry.from_env(), self.timeout)
             self._client = StoreClient(a.master, self._engine, a.segment, timeout=self.timeout,
                                        ssd_dir=a.ssd_dir, ssd_size=4 * a.segment)
+            fs_dir = fs_dir_of(self._client)
+            if fs_dir:  # the master's root_fs_dir: objects persisted there too (persisted.py)
+                self._client = PersistedClient(self._client, FileTier(fs_dir))
         except (MooncakeError, OSError, ValueError) as e:  # a code, as upstream: never raises
             log.error("setup: %s", e)
             self.close()
@@ -221,6 +226,8 @@ class MooncakeDistributedStore:
             items = c._rpc.call(p.BatchRemove(list(keys), force), list[p.Reply])
             out = [code_of(e) if isinstance(e := c._value(i, None), StoreError) else 0
                    for i in items]
+            if isinstance(c, PersistedClient):
+                out = c.removed(keys, out)
             for k, rc in zip(keys, out, strict=True):
                 if rc == 0:
                     c.holdings.discard(k)
@@ -243,11 +250,18 @@ class MooncakeDistributedStore:
         return self.batch_get_replica_desc([key]).get(key, [])
 
     def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[ReplicaDescriptor]]:
-        """The replicas of each key found (no lease granted)."""
-        return self._run(lambda c: {k: [ReplicaDescriptor(r) for r in m.replicas]
-                                    for k, m in zip(keys, c.batch_describe(keys), strict=True)
-                                    if not isinstance(m, StoreError) and m.complete},
-                         lambda e: {})
+        """The replicas of each key found (no lease granted); a persisted one (root_fs_dir)
+        last, as a disk replica."""
+        def go(c: Any) -> dict[str, list[ReplicaDescriptor]]:
+            out = {k: [ReplicaDescriptor(r) for r in m.replicas]
+                   for k, m in zip(keys, c.batch_describe(keys), strict=True)
+                   if not isinstance(m, StoreError) and m.complete}
+            if isinstance(c, PersistedClient):
+                for k in keys:
+                    if (n := c.files.size(k)) is not None:
+                        out.setdefault(k, []).append(ReplicaDescriptor.file(c.files.path(k), n))
+            return out
+        return self._run(go, lambda e: {})
 
     def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
         """Drop the replicas (on `segment_name` only, when given) of the keys whose lease has

@@ -117,28 +117,39 @@ class DiskDescriptor:
 class ReplicaDescriptor:
     """One replica of an object as get_replica_desc shows it."""
 
-    def __init__(self, replica: records.Replica) -> None:
-        self._r = replica
-        self.status = ReplicaStatus.COMPLETE if replica.status is \
+    def __init__(self, replica: records.Replica | None, file: DiskDescriptor | None = None
+                 ) -> None:
+        self._r, self._file = replica, file
+        self.status = ReplicaStatus.COMPLETE if replica is None or replica.status is \
             records.ReplicaStatus.COMPLETE else ReplicaStatus.PROCESSING
 
+    @classmethod
+    def file(cls, path: str, size: int) -> ReplicaDescriptor:
+        """An object's file under the master's root_fs_dir (upstream's DISK replica)."""
+        return cls(None, DiskDescriptor(path, size))
+
     def is_memory_replica(self) -> bool:
-        return self._r.tier == "dram"
+        return self._r is not None and self._r.tier == "dram"
 
     def is_disk_replica(self) -> bool:
-        return self._r.tier == "ssd"
+        return self._file is not None
 
     def is_local_disk_replica(self) -> bool:
-        return False  # SSD replicas belong to a client's SSD segment: is_disk_replica
+        """On a client's SSD segment (upstream's LOCAL_DISK: enable_ssd_offload)."""
+        return self._r is not None and self._r.tier == "ssd"
 
     def get_memory_descriptor(self) -> MemoryDescriptor:
-        if self._r.tier != "dram":
+        if not self.is_memory_replica():
             raise RuntimeError("not a memory replica")
         r = self._r
+        assert r is not None
         return MemoryDescriptor(BufferDescriptor(r.offset, r.size, r.segment))
 
     def get_disk_descriptor(self) -> DiskDescriptor:
-        if self._r.tier != "ssd":
+        """A file replica's path and size; an SSD segment replica's as `segment@offset`."""
+        if self._file is not None:
+            return self._file
+        if self._r is None or self._r.tier != "ssd":
             raise RuntimeError("not a disk replica")
         return DiskDescriptor(f"{self._r.segment}@{self._r.offset}", self._r.size)
 

@@ -34,6 +34,8 @@ class StoreConfig:
     offload_on_evict: bool = True  # master: an evicted object goes to its client's SSD
     promotion_on_hit: bool = True  # master: an SSD-only object is copied back to DRAM on gets
     promotion_admission_threshold: int = 1  # master: gets of an SSD-only object before promotion
+    root_fs_dir: str = ""  # master: a shared directory clients of the upstream API persist to
+    cluster_id: str = "mooncake_cluster"  # master: its subdirectory of root_fs_dir
     ssd_dir: str = ""  # node: directory of its SSD tier (data file + manifest); "" for none
     ssd_size: int = size_field(0, "SSD a node contributes (0: the data file's present size)")
     hugepages: bool = False  # node: DRAM segment on huge pages (falls back with a warning)
@@ -61,6 +63,11 @@ class StoreConfig:
             raise ConfigError("timeout, heartbeat and the TTLs must be positive")
         if self.promotion_admission_threshold < 1:
             raise ConfigError("promotion_admission_threshold must be at least 1 get")
+        if self.root_fs_dir and not self.root_fs_dir.startswith("/"):
+            raise ConfigError(f"root_fs_dir {self.root_fs_dir!r} must be an absolute path")
+        if not self.cluster_id or self.cluster_id in (".", "..") or "/" in self.cluster_id \
+                or "\0" in self.cluster_id:
+            raise ConfigError(f"cluster_id {self.cluster_id!r} must be a directory name")
         if not 0 < self.high_watermark <= 1 or not 0 < self.eviction_ratio <= 1:
             raise ConfigError("high_watermark and eviction_ratio must be in (0, 1]")
         if self.eviction != "lru":

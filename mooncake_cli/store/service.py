@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -291,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("enable-offload", "offload-on-evict", "promotion-on-hit"):
         ap.add_argument(f"--{name}", type=truth, metavar="true|false")
     ap.add_argument("--promotion-admission-threshold", type=int)
+    ap.add_argument("--root-fs-dir", help="directory clients of the upstream API persist to")
+    ap.add_argument("--cluster-id", help="the subdirectory of --root-fs-dir (mooncake_cluster)")
     args = vars(ap.parse_args(argv))
     file = args.pop("config")
     try:
@@ -338,7 +341,9 @@ def master_from(cfg: StoreConfig) -> StoreMaster:
                        soft_pin_ttl=cfg.soft_pin_ttl,
                        offload_on_evict=cfg.enable_offload and cfg.offload_on_evict,
                        promotion_on_hit=cfg.enable_offload and cfg.promotion_on_hit,
-                       promotion_threshold=cfg.promotion_admission_threshold)
+                       promotion_threshold=cfg.promotion_admission_threshold,
+                       fs_dir=os.path.join(cfg.root_fs_dir, cfg.cluster_id)
+                       if cfg.root_fs_dir else "")
 
 
 if __name__ == "__main__":

@@ -44,12 +44,13 @@ class MasterState:
                  alignment: int = DEFAULT_ALIGNMENT,
                  eviction: str | EvictionPolicy = DEFAULT, soft_pin_ttl: float = 1800.0,
                  offload_on_evict: bool = True, promotion_on_hit: bool = True,
-                 promotion_threshold: int = 1) -> None:
+                 promotion_threshold: int = 1, fs_dir: str = "") -> None:
         """`soft_pin_ttl`: seconds a soft pin lasts after the object's last use, unless its
         config says (upstream's default_kv_soft_pin_ttl, 30 min). `offload_on_evict`: an
         evicted object goes to its client's SSD segment when there is one (else dropped);
         `promotion_on_hit`: an object held only on SSD is copied back to DRAM after
-        `promotion_threshold` gets."""
+        `promotion_threshold` gets. `fs_dir`: the directory clients of the upstream API
+        persist objects to (upstream's root_fs_dir/cluster_id), told to them, never read here."""
         if min(lease_ttl, put_timeout, client_ttl, soft_pin_ttl) <= 0:
             raise InvalidParams("lease_ttl, put_timeout and client_ttl must be positive")
         if not 0 < high_watermark <= 1 or not 0 < eviction_ratio <= 1:
@@ -64,6 +65,7 @@ class MasterState:
         self.offload_on_evict = offload_on_evict
         self.promotion_on_hit = promotion_on_hit
         self.promotion_threshold = max(1, int(promotion_threshold))
+        self.fs_dir = fs_dir
         self.lock = threading.RLock()
         self.segments = SegmentTable(alignment)
         self.reports = ReportBook(self.segments)  # what each client's segment holds

@@ -149,6 +149,13 @@ class Stats(_Req, tag="stats"):
         return m.stats()
 
 
+class GetFsdir(_Req, tag="get_fsdir"):
+    """The directory clients of the upstream API persist objects to ("" for none)."""
+
+    def call(self, m: StoreMaster) -> str:
+        return m.state.fs_dir
+
+
 class RegisterExisting(_Req, tag="register_existing"):
     key: Key
     replicas: Annotated[list[Replica], msgspec.Meta(min_length=1, max_length=64)]
@@ -327,7 +334,7 @@ Request = Union[  # noqa: UP007 - msgspec wants a real Union of the tagged struc
     Exists, Describe, Remove, RemoveAll, List, Stats, RegisterExisting, BatchPutStart,
     BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists, BatchRemove, WhoLeads,
     PollMoves, MovesDone, BatchAddReplicaStart, BatchAddReplicaEnd, BatchAddReplicaRevoke,
-    PollHoldings, RegisterHeld, Remount, BatchDescribe, BatchReplicaClear,
+    PollHoldings, RegisterHeld, Remount, BatchDescribe, BatchReplicaClear, GetFsdir,
 ]
 BATCHES = (BatchPutStart, BatchPutEnd, BatchPutRevoke, BatchGetReplicaList, BatchExists,
            BatchDescribe, BatchRemove, BatchAddReplicaStart, BatchAddReplicaEnd,

@@ -1,0 +1,161 @@
+"""A store client whose objects are also persisted to the master's root_fs_dir (fs_tier.py), as
+upstream's client does when its master has `--root_fs_dir`: every put is written to a file
+after it is stored, and a key memory no longer holds (evicted, or a master that restarted) is
+read, sized and found from its file. A put of a key with a file is an existing object (0,
+unchanged); an upsert replaces both; a removal removes both.
+
+The compat store wraps its StoreClient in this only when the master names a directory
+(`GetFsdir`), so a store without one pays nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mooncake_cli.compat.fs_tier import FileTier
+from mooncake_cli.store.client.values import Gathered, readable
+from mooncake_cli.store.errors import BufferOverflow, ErrorCode, StoreError
+from mooncake_cli.store.records import ReplicateConfig
+from mooncake_cli.store.wire import protocol as p
+
+log = logging.getLogger("mooncake.compat")
+NOT_FOUND = ErrorCode.OBJECT_NOT_FOUND
+Codes = list[int]  # (inside PersistedClient `list` is the method)
+
+
+def snapshot(value: Any) -> bytes:
+    """The bytes of a value to put, copied (the caller may reuse its buffer)."""
+    view = readable(value)
+    return b"".join(view.parts) if isinstance(view, Gathered) else bytes(view)
+
+
+def _missing(result: object) -> bool:
+    return isinstance(result, StoreError) and result.code == NOT_FOUND
+
+
+def fs_dir_of(client: Any) -> str:
+    """The directory the master tells clients to persist to ("" for none, or a master that
+    does not know the request)."""
+    try:
+        return str(client._rpc.call(p.GetFsdir(), str))
+    except StoreError as e:
+        log.debug("the master names no root_fs_dir: %s", e)
+        return ""
+
+
+class PersistedClient:
+    """`inner` (a StoreClient) with `files` behind it; every other attribute is inner's."""
+
+    def __init__(self, inner: Any, files: FileTier) -> None:
+        self._inner, self.files = inner, files
+        files.on_fail = lambda key, e: log.error("persisting %r to %s failed: %s",
+                                                 key, files.root, e)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    # -- puts ------------------------------------------------------------------------------------
+    def put(self, key: str, data: Any, config: ReplicateConfig | None = None,
+            upsert: bool = False) -> None:
+        if not upsert and self.files.exists(key):
+            raise StoreError(f"object {key!r} exists (persisted)", ErrorCode.OBJECT_ALREADY_EXISTS)
+        self._inner.put(key, data, config, upsert)
+        self.files.write(key, snapshot(data))
+
+    def batch_put(self, keys: Sequence[str], values: Sequence[Any],
+                  config: ReplicateConfig | None = None,
+                  upsert: bool = False) -> list[StoreError | None]:
+        out: list[StoreError | None] = [None] * len(keys)
+        todo = [i for i, k in enumerate(keys) if upsert or not self.files.exists(k)]
+        for i in set(range(len(keys))) - set(todo):
+            out[i] = StoreError(f"object {keys[i]!r} exists (persisted)",
+                                ErrorCode.OBJECT_ALREADY_EXISTS)
+        if todo:
+            got = self._inner.batch_put([keys[i] for i in todo], [values[i] for i in todo],
+                                        config, upsert)
+            for i, e in zip(todo, got, strict=True):
+                out[i] = e
+                if e is None:
+                    self.files.write(keys[i], snapshot(values[i]))
+        return out
+
+    # -- reads -----------------------------------------------------------------------------------
+    def _file(self, key: str, alloc: Callable[[int], Any], found: Any) -> Any:
+        try:
+            return self.files.read(key, alloc)
+        except StoreError as e:
+            return found if e.code == NOT_FOUND else e
+
+    def batch_get_buffers(self, keys: Sequence[str], alloc: Callable[[int], Any] = bytearray
+                          ) -> list[Any]:
+        got = self._inner.batch_get_buffers(keys, alloc)
+        return [self._file(k, alloc, g) if _missing(g) else g
+                for k, g in zip(keys, got, strict=True)]
+
+    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Any]:
+        got = self._inner.batch_get_into(keys, buffers)
+        out: list[Any] = []
+        for key, buf, g in zip(keys, buffers, got, strict=True):
+            if _missing(g):
+                g = self._file(key, bytearray, g)
+                if isinstance(g, bytearray):
+                    dest = memoryview(buf).cast("B")
+                    if len(g) > len(dest):
+                        g = BufferOverflow(f"{key!r} is {len(g)} bytes; the buffer {len(dest)}")
+                    else:
+                        dest[:len(g)] = g
+                        g = len(g)
+            out.append(g)
+        return out
+
+    def exists(self, key: str) -> bool:
+        return bool(self._inner.exists(key)) or self.files.exists(key)
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool | StoreError]:
+        return [v if v is True or isinstance(v, StoreError) else self.files.exists(k)
+                for k, v in zip(keys, self._inner.batch_exists(keys), strict=True)]
+
+    def size(self, key: str) -> int:
+        try:
+            return int(self._inner.size(key))
+        except StoreError as e:
+            n = self.files.size(key) if e.code == NOT_FOUND else None
+            if n is None:
+                raise
+            return n
+
+    def list(self, prefix: str = "") -> list[str]:
+        known = self._inner.list(prefix)
+        seen = set(known)
+        return known + [k for k in self.files.keys() if k.startswith(prefix) and k not in seen]
+
+    # -- removal ---------------------------------------------------------------------------------
+    def remove(self, key: str, force: bool = False) -> None:
+        try:
+            self._inner.remove(key, force)
+        except StoreError as e:
+            if e.code != NOT_FOUND or not self.files.remove(key):
+                raise
+            return
+        self.files.remove(key)
+
+    def removed(self, keys: Sequence[str], codes: Codes) -> Codes:
+        """A batch removal's codes after the files of its keys went too (a key only a file
+        held counts as removed)."""
+        return [0 if (rc == 0 or rc == NOT_FOUND) and self.files.remove(k) else rc
+                for k, rc in zip(keys, codes, strict=True)]
+
+    def remove_all(self, force: bool = False) -> int:
+        before = set(self._inner.list())
+        n = int(self._inner.remove_all(force))
+        kept = set(self._inner.list())  # leased (or pinned) objects stay, with their files
+        return n + sum(1 for k in list(self.files.keys())
+                       if k not in kept and self.files.remove(k) and k not in before)
+
+    def close(self) -> None:
+        try:
+            self.files.close()
+        finally:
+            self._inner.close()

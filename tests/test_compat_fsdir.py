@@ -1,0 +1,223 @@
+"""The master's `--root_fs_dir` (upstream's persistence root) through the upstream API: every
+put is also written under ROOT/CLUSTER_ID, an object memory has evicted is still found, sized
+and read from there, a put of it keeps it, an upsert replaces it, remove_all takes the files.
+Held against our compat module and, where upstream's wheel is installed, upstream's own class
+and master in the same session; then what only ours promises (a damaged file is refused, the
+files outlive a killed master and a departed client)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import free_port, wait_for
+from tests.helpers.store_procs import Proc
+
+os.environ.setdefault("GLOG_minloglevel", "2")
+pytestmark = pytest.mark.timeout(120)
+MiB = 1 << 20
+CLUSTER = "c1"
+LEASE_S = 0.5  # a read's lease (upstream grants one to get_replica_desc too)
+
+
+def our_master(root: Path, port: int = 0) -> Proc:
+    return Proc([sys.executable, "-m", "mooncake_cli", "--json", "store", "master", "--port",
+                 str(port or free_port()), "--root_fs_dir", str(root), "--cluster_id", CLUSTER,
+                 "--lease-ttl", str(LEASE_S)])
+
+
+class Side:
+    def __init__(self, name: str, module: Any, master: str, root: Path) -> None:
+        self.name, self.m, self.master, self.root = name, module, master, root
+        self.stores: list[Any] = []
+
+    def store(self, segment: int = 16 * MiB) -> Any:
+        s = self.m.MooncakeDistributedStore()
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", segment, 16 * MiB, "tcp", "",
+                       self.master) == 0
+        self.stores.append(s)
+        return s
+
+    def files(self) -> list[Path]:
+        return [p for p in (self.root / CLUSTER).rglob("*") if p.is_file()]
+
+
+@pytest.fixture(params=["ours", "upstream"])
+def side(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Side]:
+    if request.param == "ours":
+        from mooncake_cli.compat import store as ours
+
+        m = our_master(tmp_path)
+        assert m.ready["fs_dir"] == str(tmp_path / CLUSTER)
+        sd = Side("ours", ours, str(m.ready["address"]), tmp_path)
+        yield sd
+        for s in reversed(sd.stores):
+            s.close()
+        m.stop()
+        return
+    from mooncake_cli.bench import store_upstream
+
+    ok, why = store_upstream.available()
+    if not ok:
+        pytest.skip(why)
+    import mooncake.store as theirs
+
+    um = store_upstream.UpstreamMaster(f"--root_fs_dir={tmp_path}", f"--cluster_id={CLUSTER}",
+                                       f"--default_kv_lease_ttl={int(LEASE_S * 1000)}")
+    sd = Side("upstream", theirs, um.address, tmp_path)
+    yield sd
+    for s in reversed(sd.stores):
+        s.close()
+    um.close()
+
+
+def evict(s: Any, key: str) -> None:
+    """Put 40 MiB of fresh values through the 16 MiB segment until `key` has left memory
+    (its lease first run out); again while a put finds memory full."""
+    for n in range(5):
+        time.sleep(LEASE_S + 0.2)
+        for i in range(40):
+            deadline = time.monotonic() + 10
+            while (rc := s.put(f"fill{n}-{i}", os.urandom(MiB))) != 0:
+                assert rc == -200 and time.monotonic() < deadline, rc
+                time.sleep(0.05)
+        if kinds(s, key) == ["disk"]:
+            return
+    raise AssertionError(f"{key} is still in memory: {kinds(s, key)}")
+
+
+def kinds(s: Any, key: str) -> list[str]:
+    return ["memory" if d.is_memory_replica() else "disk" if d.is_disk_replica() else "other"
+            for d in s.get_replica_desc(key)]
+
+
+def test_puts_are_persisted_and_evicted_objects_are_read_back(side: Side) -> None:
+    s = side.store()
+    value = np.random.default_rng(1).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    assert s.put("a/b cold", value) == 0
+    wait_for(lambda: kinds(s, "a/b cold") == ["memory", "disk"], 10)
+    disk = s.get_replica_desc("a/b cold")[1].get_disk_descriptor()
+    assert disk.object_size == len(value)
+    assert Path(disk.file_path).is_relative_to(side.root / CLUSTER)
+    wait_for(lambda: Path(disk.file_path).is_file(), 10)
+
+    evict(s, "a/b cold")
+    assert s.is_exist("a/b cold") == 1 and s.batch_is_exist(["a/b cold", "nope"]) == [1, 0]
+    assert s.get_size("a/b cold") == len(value)
+    assert s.get("a/b cold") == value
+    buf = np.zeros(len(value), np.uint8)
+    assert s.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+    assert s.get_into("a/b cold", buf.ctypes.data, buf.nbytes) == len(value)
+    assert buf.tobytes() == value
+    assert s.unregister_buffer(buf.ctypes.data) == 0
+
+    assert s.put("a/b cold", b"other") == 0  # it exists: unchanged
+    assert s.get("a/b cold") == value
+    assert s.upsert("a/b cold", b"replaced") == 0
+    assert s.get("a/b cold") == b"replaced"
+
+
+def test_remove_all_removes_the_files(side: Side) -> None:
+    s = side.store()
+    for i in range(5):
+        assert s.put(f"k{i}", bytes([i]) * 10_000) == 0
+    wait_for(lambda: len(side.files()) == 5, 10)
+    assert s.remove_all() == 5
+    wait_for(lambda: side.files() == [], 10)
+    assert s.is_exist("k0") == 0 and s.get("k0") == b""
+
+
+def test_tensors_are_persisted_too(side: Side) -> None:
+    torch = pytest.importorskip("torch")
+    s = side.store()
+    t = torch.arange(100_000, dtype=torch.float32).reshape(100, 1000)
+    assert s.put_tensor("t", t) == 0
+    evict(s, "t")
+    back = s.get_tensor("t")
+    assert back is not None and torch.equal(back, t)
+
+
+# -- ours only ------------------------------------------------------------------------------------
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "dfs"
+
+
+def _ours(master: str) -> Any:
+    from mooncake_cli.compat.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", master) == 0
+    return s
+
+
+def test_files_outlive_a_killed_master_and_a_departed_client(root: Path) -> None:
+    port = free_port()
+    m = our_master(root, port)
+    a = _ours(str(m.ready["address"]))
+    assert a.put_batch(["x", "y"], [b"x" * 5000, b"y" * 7000]) == 0
+    a._client.files.flush()
+    m.proc.kill()  # kill -9: the master's index is gone
+    m.proc.wait()
+    a.close()
+    m2 = our_master(root, port)
+    try:
+        b = _ours(str(m2.ready["address"]))
+        assert b.get("x") == b"x" * 5000 and b.get_size("y") == 7000
+        assert sorted(b._client.list()) == ["x", "y"]
+        assert b.remove_by_regex("^x$") == 1 and b.is_exist("x") == 0
+        assert b.remove("y") == 0 and b.remove("y") == -704
+        b.close()
+    finally:
+        m2.stop()
+
+
+def test_a_damaged_file_is_not_served(root: Path) -> None:
+    m = our_master(root)
+    try:
+        s = _ours(str(m.ready["address"]))
+        assert s.put("k", b"v" * 4096) == 0
+        s._client.files.flush()
+        path = Path(s._client.files.path("k"))
+        evict(s, "k")
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(raw)
+        assert s.get("k") == b""
+        path.write_bytes(raw[:-100])  # short
+        assert s.get("k") == b"" and s.get_size("k") == 4096  # its header is intact
+        s.close()
+    finally:
+        m.stop()
+
+
+def test_a_master_flag_that_is_not_a_path_is_refused(tmp_path: Path) -> None:
+    for flags in (["--root_fs_dir", "relative/dir"], ["--root-fs-dir", str(tmp_path),
+                                                       "--cluster-id", "../up"]):
+        p = subprocess.run([sys.executable, "-m", "mooncake_cli", "store", "master", "--port",
+                            "0", *flags], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert "root_fs_dir" in p.stderr or "cluster_id" in p.stderr
+
+
+def test_a_directory_the_client_cannot_write_fails_setup(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    m = our_master(blocker)
+    try:
+        from mooncake_cli.compat.store import MooncakeDistributedStore
+
+        s = MooncakeDistributedStore()
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "",
+                       str(m.ready["address"])) == -1101
+        assert s.put("k", b"v") != 0
+    finally:
+        m.stop()
