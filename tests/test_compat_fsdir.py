@@ -221,3 +221,20 @@ def test_a_directory_the_client_cannot_write_fails_setup(tmp_path: Path) -> None
         assert s.put("k", b"v") != 0
     finally:
         m.stop()
+
+
+def test_writes_still_queued_at_exit_are_written(root: Path) -> None:
+    m = our_master(root)
+    try:
+        code = ("import sys\nfrom mooncake_cli.compat.store import MooncakeDistributedStore\n"
+                "s = MooncakeDistributedStore()\n"
+                "assert s.setup('127.0.0.1', 'P2PHANDSHAKE', 64 << 20, 64 << 20, 'tcp', '', "
+                "sys.argv[1]) == 0\n"
+                "assert s.put_batch([f'k{i}' for i in range(8)], [bytes(4 << 20)] * 8) == 0\n")
+        subprocess.run([sys.executable, "-c", code, str(m.ready["address"])], check=True,
+                       timeout=60)  # no close(): the interpreter's exit writes the queue
+        s = _ours(str(m.ready["address"]))
+        assert all(s._client.files.size(f"k{i}") == 4 << 20 for i in range(8))
+        s.close()
+    finally:
+        m.stop()

@@ -6,15 +6,18 @@ xxh3_64 of the value), the key, the value. It is written to a temporary name and
 reader sees a whole file or none, and a value whose checksum does not match is not served.
 Writes run on one thread in put order, after the put returned (as upstream's); at most
 `MAX_QUEUED` bytes wait, a put beyond them waits for room. A value waiting to be written is
-read from the queue; removing a key cancels its pending write.
+read from the queue; removing a key cancels its pending write. What is queued when the
+interpreter exits is written first (not when the process is killed).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import struct
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,6 +33,12 @@ MAX_QUEUED = 256 << 20  # bytes of values waiting to be written
 
 def _error(message: str, code: ErrorCode) -> StoreError:
     return StoreError(message, code)
+
+
+def _flush_at_exit(ref: weakref.ref[FileTier]) -> None:
+    tier = ref()
+    if tier is not None:
+        tier.flush(30)
 
 
 class FileTier:
@@ -60,6 +69,7 @@ class FileTier:
         self._thread = threading.Thread(target=self._write_loop, name="mooncake-fs-tier",
                                         daemon=True)
         self._thread.start()
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     # -- paths -----------------------------------------------------------------------------------
     def path(self, key: str) -> str:
