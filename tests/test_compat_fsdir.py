@@ -50,14 +50,14 @@ class Side:
         return [p for p in (self.root / CLUSTER).rglob("*") if p.is_file()]
 
 
-@pytest.fixture(params=["ours", "upstream"])
-def side(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Side]:
-    if request.param == "ours":
+def sides(kind: str, root: Path) -> Iterator[Side]:
+    """One side with its master persisting under `root`; its stores closed at the end."""
+    if kind == "ours":
         from mooncake_cli.compat import store as ours
 
-        m = our_master(tmp_path)
-        assert m.ready["fs_dir"] == str(tmp_path / CLUSTER)
-        sd = Side("ours", ours, str(m.ready["address"]), tmp_path)
+        m = our_master(root)
+        assert m.ready["fs_dir"] == str(root / CLUSTER)
+        sd = Side("ours", ours, str(m.ready["address"]), root)
         yield sd
         for s in reversed(sd.stores):
             s.close()
@@ -70,13 +70,27 @@ def side(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Side]:
         pytest.skip(why)
     import mooncake.store as theirs
 
-    um = store_upstream.UpstreamMaster(f"--root_fs_dir={tmp_path}", f"--cluster_id={CLUSTER}",
+    um = store_upstream.UpstreamMaster(f"--root_fs_dir={root}", f"--cluster_id={CLUSTER}",
                                        f"--default_kv_lease_ttl={int(LEASE_S * 1000)}")
-    sd = Side("upstream", theirs, um.address, tmp_path)
+    sd = Side("upstream", theirs, um.address, root)
     yield sd
     for s in reversed(sd.stores):
         s.close()
     um.close()
+
+
+@pytest.fixture(params=["ours", "upstream"])
+def side(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Side]:
+    yield from sides(request.param, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["ours", "upstream"])
+def test_setup_fails_where_the_root_is_not_mounted(kind: str, tmp_path: Path) -> None:
+    for sd in sides(kind, tmp_path / "not-mounted"):
+        s = sd.m.MooncakeDistributedStore()
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "",
+                       sd.master) == -1
+        assert not (tmp_path / "not-mounted").exists()
 
 
 def evict(s: Any, key: str) -> None:
@@ -148,6 +162,7 @@ def test_tensors_are_persisted_too(side: Side) -> None:
 # -- ours only ------------------------------------------------------------------------------------
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
+    (tmp_path / "dfs").mkdir()
     return tmp_path / "dfs"
 
 
@@ -208,7 +223,7 @@ def test_a_master_flag_that_is_not_a_path_is_refused(tmp_path: Path) -> None:
         assert "root_fs_dir" in p.stderr or "cluster_id" in p.stderr
 
 
-def test_a_directory_the_client_cannot_write_fails_setup(tmp_path: Path) -> None:
+def test_a_root_the_client_cannot_write_fails_setup(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     m = our_master(blocker)
@@ -217,7 +232,7 @@ def test_a_directory_the_client_cannot_write_fails_setup(tmp_path: Path) -> None
 
         s = MooncakeDistributedStore()
         assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "",
-                       str(m.ready["address"])) == -1101
+                       str(m.ready["address"])) == -1
         assert s.put("k", b"v") != 0
     finally:
         m.stop()

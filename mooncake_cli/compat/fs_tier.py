@@ -42,11 +42,17 @@ def _flush_at_exit(ref: weakref.ref[FileTier]) -> None:
 
 
 class FileTier:
-    """Objects as files under `root` (created if missing; StoreError FILE_OPEN_FAIL if it
-    cannot be)."""
+    """Objects as files under `root`, created if missing in a parent that exists (the shared
+    mount: never made here, or an unmounted DFS would be filled on the local disk).
+    StoreError INTERNAL_ERROR, as upstream's setup fails, when there is none or it cannot be
+    written."""
 
     def __init__(self, root: str, max_queued: int = MAX_QUEUED) -> None:
         self.root = root
+        parent = os.path.dirname(root.rstrip("/"))
+        if not os.path.isdir(parent):
+            raise _error(f"the master's root_fs_dir {parent} is not a directory here (is the "
+                         f"shared file system mounted?)", ErrorCode.INTERNAL_ERROR)
         try:
             os.makedirs(root, exist_ok=True)
             probe = os.path.join(root, f".probe-{os.getpid()}-{threading.get_ident()}")
@@ -55,7 +61,7 @@ class FileTier:
             os.unlink(probe)
         except OSError as e:
             raise _error(f"the master's root_fs_dir {root} is not writable here: {e}",
-                         ErrorCode.FILE_OPEN_FAIL) from None
+                         ErrorCode.INTERNAL_ERROR) from None
         self._max = max_queued
         self._cv = threading.Condition()
         self._queue: deque[tuple[str, int]] = deque()
@@ -177,12 +183,15 @@ class FileTier:
     def exists(self, key: str) -> bool:
         return self.size(key) is not None
 
-    def read(self, key: str, alloc: Callable[[int], Any] = bytearray) -> Any:
-        """The value of `key` in `alloc(size)`; OBJECT_NOT_FOUND when there is no file,
-        FILE_READ_FAIL when it is short or its checksum does not match."""
+    def read(self, key: str, alloc: Callable[[int], Any] | None = None) -> Any:
+        """The value of `key` as bytes, or in `alloc(size)` (a writable buffer of that many
+        bytes, or one that raises); OBJECT_NOT_FOUND when there is no file, FILE_READ_FAIL when
+        it is short or its checksum does not match."""
         with self._cv:
             entry = self._pending.get(key)
         if entry is not None:
+            if alloc is None:
+                return entry[1]
             buf = alloc(len(entry[1]))
             memoryview(buf).cast("B")[:] = entry[1]
             return buf
@@ -191,9 +200,13 @@ class FileTier:
             raise _error(f"object {key!r} not found", ErrorCode.OBJECT_NOT_FOUND)
         f, size, want = opened
         with f:
-            buf = alloc(size)
-            view = memoryview(buf).cast("B")
-            got = f.readinto(view)
+            if alloc is None:  # one copy, no zero-fill first
+                buf = view = f.read(size)
+                got = len(buf)
+            else:
+                buf = alloc(size)
+                view = memoryview(buf).cast("B")
+                got = f.readinto(view)
         if got != size or xxhash.xxh3_64_intdigest(view) != want:
             raise _error(f"the file of {key!r} is damaged (short or checksum mismatch)",
                          ErrorCode.FILE_READ_FAIL)

@@ -82,7 +82,7 @@ class PersistedClient:
         return out
 
     # -- reads -----------------------------------------------------------------------------------
-    def _file(self, key: str, alloc: Callable[[int], Any], found: Any) -> Any:
+    def _file(self, key: str, alloc: Callable[[int], Any] | None, found: Any) -> Any:
         try:
             return self.files.read(key, alloc)
         except StoreError as e:
@@ -90,8 +90,11 @@ class PersistedClient:
 
     def batch_get_buffers(self, keys: Sequence[str], alloc: Callable[[int], Any] = bytearray
                           ) -> list[Any]:
+        """As the client's; a value read from its file is bytes when `alloc` is bytearray
+        (read as it is, not zero-filled and copied)."""
         got = self._inner.batch_get_buffers(keys, alloc)
-        return [self._file(k, alloc, g) if _missing(g) else g
+        from_file = None if alloc is bytearray else alloc
+        return [self._file(k, from_file, g) if _missing(g) else g
                 for k, g in zip(keys, got, strict=True)]
 
     def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Any]:
@@ -99,14 +102,16 @@ class PersistedClient:
         out: list[Any] = []
         for key, buf, g in zip(keys, buffers, got, strict=True):
             if _missing(g):
-                g = self._file(key, bytearray, g)
-                if isinstance(g, bytearray):
-                    dest = memoryview(buf).cast("B")
-                    if len(g) > len(dest):
-                        g = BufferOverflow(f"{key!r} is {len(g)} bytes; the buffer {len(dest)}")
-                    else:
-                        dest[:len(g)] = g
-                        g = len(g)
+                dest = memoryview(buf).cast("B")
+
+                def into(n: int, key: str = key, dest: memoryview = dest) -> memoryview:
+                    if n > len(dest):
+                        raise BufferOverflow(f"{key!r} is {n} bytes; the buffer {len(dest)}")
+                    return dest[:n]
+                try:
+                    g = len(self.files.read(key, into))
+                except StoreError as e:
+                    g = g if e.code == NOT_FOUND else e
             out.append(g)
         return out
 

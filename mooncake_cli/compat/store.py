@@ -190,21 +190,21 @@ class MooncakeDistributedStore:
 
     def _read(self, c: Any, keys: list[str]) -> list[bytearray | StoreError]:
         got = c.batch_get_buffers(keys)
-        self._fits([len(b) for b in got if isinstance(b, bytearray)])
+        self._fits([len(b) for b in got if isinstance(b, (bytes, bytearray))])
         return list(got)
 
     def get(self, key: str) -> bytes:
         return self.get_batch([key])[0]
 
     def get_batch(self, keys: list[str]) -> list[bytes]:
-        return self._run(lambda c: [bytes(v) if isinstance(v, bytearray) else b""
+        return self._run(lambda c: [bytes(v) if isinstance(v, (bytes, bytearray)) else b""
                                     for v in self._read(c, keys)], lambda e: [b""] * len(keys))
 
     def get_buffer(self, key: str) -> BufferHandle | None:
         return self.batch_get_buffer([key])[0]
 
     def batch_get_buffer(self, keys: list[str]) -> list[BufferHandle | None]:
-        return self._run(lambda c: [BufferHandle(v) if isinstance(v, bytearray) else None
+        return self._run(lambda c: [BufferHandle(v) if isinstance(v, (bytes, bytearray)) else None
                                     for v in self._read(c, keys)], lambda e: [None] * len(keys))
 
     def is_exist(self, key: str) -> int:
