@@ -8,6 +8,7 @@ files outlive a killed master and a departed client)."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -195,13 +196,16 @@ def test_files_outlive_a_killed_master_and_a_departed_client(root: Path) -> None
         m2.stop()
 
 
-def test_a_damaged_file_is_not_served(root: Path) -> None:
+def test_a_damaged_file_is_not_served_and_files_are_private(root: Path) -> None:
     m = our_master(root)
     try:
         s = _ours(str(m.ready["address"]))
         assert s.put("k", b"v" * 4096) == 0
         s._client.files.flush()
         path = Path(s._client.files.path("k"))
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the values are the user's alone
+        assert {stat.S_IMODE(d.stat().st_mode) for d in (path.parent, path.parent.parent,
+                                                         root / CLUSTER)} == {0o700}
         evict(s, "k")
         raw = bytearray(path.read_bytes())
         raw[-1] ^= 0xFF

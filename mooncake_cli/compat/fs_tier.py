@@ -4,6 +4,8 @@ master names (ROOT/CLUSTER_ID), shared by every client that mounts it (a DFS, or
 A file is DIR/ab/cd/<sha256 of the key>: a 24-byte header (magic, key length, value size, the
 xxh3_64 of the value), the key, the value. It is written to a temporary name and renamed, so a
 reader sees a whole file or none, and a value whose checksum does not match is not served.
+Directories made here are 0700 and files 0600: other users of a host read no values, and the
+clients that share the directory run as one user.
 Writes run on one thread in put order, after the put returned (as upstream's); at most
 `MAX_QUEUED` bytes wait, a put beyond them waits for room. A value waiting to be written is
 read from the queue; removing a key cancels its pending write. What is queued when the
@@ -15,6 +17,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import secrets
 import struct
 import threading
 import weakref
@@ -29,6 +32,7 @@ from mooncake_cli.store.errors import ErrorCode, StoreError
 MAGIC = b"MCF1"
 HEADER = struct.Struct("<4sIQQ")  # magic, key bytes, value bytes, xxh3_64 of the value
 MAX_QUEUED = 256 << 20  # bytes of values waiting to be written
+PRIVATE_DIR = 0o700  # directories made here (files are 0600): the clients share one user
 
 
 def _error(message: str, code: ErrorCode) -> StoreError:
@@ -54,7 +58,7 @@ class FileTier:
             raise _error(f"the master's root_fs_dir {parent} is not a directory here (is the "
                          f"shared file system mounted?)", ErrorCode.INTERNAL_ERROR)
         try:
-            os.makedirs(root, exist_ok=True)
+            os.makedirs(root, PRIVATE_DIR, exist_ok=True)
             probe = os.path.join(root, f".probe-{os.getpid()}-{threading.get_ident()}")
             with open(probe, "wb"):
                 pass
@@ -124,11 +128,17 @@ class FileTier:
 
     def _store(self, key: str, gen: int, value: bytes) -> None:
         path = self.path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.{gen}.tmp"
+        inner = os.path.dirname(path)
+        for d in (os.path.dirname(inner), inner):  # each level private (makedirs: the last)
+            try:
+                os.mkdir(d, PRIVATE_DIR)
+            except FileExistsError:
+                pass
+        tmp = f"{path}.{os.getpid()}.{gen}.{secrets.token_hex(4)}.tmp"
         raw = key.encode("utf-8")
         try:
-            with open(tmp, "wb") as f:
+            # O_EXCL: never through a link planted at the name; 0600: the values are the user's
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
                 f.write(HEADER.pack(MAGIC, len(raw), len(value), xxhash.xxh3_64_intdigest(value)))
                 f.write(raw)
                 f.write(value)
