@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from mooncake_cli.compat import tensor_api, zero_copy
+from mooncake_cli.compat import buffers_api, tensor_api, tensor_buffers, zero_copy
 from mooncake_cli.compat.codes import BAD, NOT_READY, code_of, put_code
 from mooncake_cli.compat.fs_tier import FileTier
 from mooncake_cli.compat.persisted import PersistedClient, fs_dir_of
@@ -282,6 +282,9 @@ class MooncakeDistributedStore:
     get_into = zero_copy.get_into
     batch_get_into = zero_copy.batch_get_into
     get_into_ranges = zero_copy.get_into_ranges
+    batch_put_from_multi_buffers = buffers_api.batch_put_from_multi_buffers
+    batch_get_into_multi_buffers = buffers_api.batch_get_into_multi_buffers
+    put_from_with_metadata = buffers_api.put_from_with_metadata
 
     # -- tensors (compat/tensor_api.py) -----------------------------------------------------------
     put_tensor = tensor_api.put_tensor
@@ -297,3 +300,18 @@ class MooncakeDistributedStore:
     get_tensor_with_tp = tensor_api.get_tensor_with_tp
     batch_put_tensor_with_tp = tensor_api.batch_put_tensor_with_tp
     batch_get_tensor_with_tp = tensor_api.batch_get_tensor_with_tp
+    pub_tensor_with_tp = tensor_buffers.pub_tensor_with_tp
+    batch_pub_tensor_with_tp = tensor_buffers.batch_pub_tensor_with_tp
+    batch_upsert_pub_tensor = tensor_buffers.batch_upsert_pub_tensor
+
+    # -- tensors in caller buffers (compat/tensor_buffers.py) ------------------------------------
+    get_tensor_into = tensor_buffers.get_tensor_into
+    batch_get_tensor_into = tensor_buffers.batch_get_tensor_into
+    put_tensor_from = tensor_buffers.put_tensor_from
+    batch_put_tensor_from = tensor_buffers.batch_put_tensor_from
+    upsert_tensor_from = tensor_buffers.upsert_tensor_from
+    batch_upsert_tensor_from = tensor_buffers.batch_upsert_tensor_from
+    put_tensor_with_tp_from = tensor_buffers.put_tensor_with_tp_from
+    batch_put_tensor_with_tp_from = tensor_buffers.batch_put_tensor_with_tp_from
+    get_tensor_with_tp_into = tensor_buffers.get_tensor_with_tp_into
+    batch_get_tensor_with_tp_into = tensor_buffers.batch_get_tensor_with_tp_into

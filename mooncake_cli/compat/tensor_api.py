@@ -101,8 +101,14 @@ def batch_put_tensor_with_tp(self: Any, base_keys: list[str], tensors_list: list
                              split_dim: int = 0) -> list[int]:
     """Every shard of each tensor (all ranks, as upstream), one batch; per base key 0 when
     every shard is stored, else the first error."""
+    return put_tp(self, base_keys, tensors_list, None, tp_size, split_dim)
+
+
+def put_tp(self: Any, base_keys: list[str], tensors_list: list[Any], config: Any,
+           tp_size: int, split_dim: int) -> list[int]:
+    """batch_put_tensor_with_tp with a ReplicateConfig (the pub forms)."""
     if tp_size <= 1:
-        return _put_tensors(self, base_keys, tensors_list)
+        return _put_tensors(self, base_keys, tensors_list, config)
     if len(base_keys) != len(tensors_list):
         return [BAD] * len(base_keys)
     keys: list[str] = []
@@ -118,7 +124,7 @@ def batch_put_tensor_with_tp(self: Any, base_keys: list[str], tensors_list: list
         keys += [tensors.shard_key(key, r) for r in range(tp_size)]
         blobs += shards
         owner += [i] * tp_size
-    for i, rc in zip(owner, _put(self, keys, blobs, None, False) if keys else [], strict=True):
+    for i, rc in zip(owner, _put(self, keys, blobs, config, False) if keys else [], strict=True):
         out[i] = out[i] or rc
     return out
 
