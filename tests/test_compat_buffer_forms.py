@@ -122,3 +122,51 @@ def test_tensor_parallel_buffer_and_pub_forms(side: Side, make: Callable[..., An
 
     assert s.batch_upsert_pub_tensor(["bt_tp_1"], [big], rc) == [0]
     assert torch.equal(s.get_tensor("bt_tp_1"), big)
+
+
+def test_put_and_get_sessions_with_ranges(make: Callable[..., Any]) -> None:  # noqa: F811
+    s = make()
+    src = registered(s, b"AAAABBBBCCCC")
+    p = src.ctypes.data
+    assert s.batch_put_session_start(["s1", "s2"], [8, 4]) == [0, 0]
+    assert s.is_exist("s1") == 0 and s.get("s1") == b""  # not readable before its end
+    assert s.batch_put_from_multi_buffer_ranges(["s1", "s2", "nope"],
+                                                [[p, p + 4], [p + 8], [p]],
+                                                [[4, 4], [4], [4]],
+                                                [[4, 0], [0], [0]]) == [8, 4, -600]
+    assert s.batch_put_from_multi_buffer_ranges(["s2"], [[p]], [[4]], [[2]]) == [-600]  # past
+    assert s.batch_put_session_end(["s1", "s2", "nope"]) == [0, 0, -600]
+    assert (s.get("s1"), s.get("s2")) == (b"BBBBAAAA", b"CCCC")
+    assert s.batch_put_session_start(["s1"], [8]) == [-705]
+    assert s.batch_put_session_start(["s3"], [8]) == [0]
+    assert s.batch_put_session_revoke(["s3"]) == [0] and s.is_exist("s3") == 0
+
+    out = registered(s, 16)
+    q = out.ctypes.data
+    assert s.batch_get_session_start(["s1", "nope"]) == [0, -704]
+    assert s.batch_get_into_multi_buffer_ranges(["s1"], [[q, q + 8]], [[2, 2]],
+                                                [[0, 6]]) == [4]
+    assert out[:2].tobytes() == b"BB" and out[8:10].tobytes() == b"AA"
+    assert s.batch_get_into_multi_buffer_ranges(["s2"], [[q]], [[2]], [[1]]) == [-600]
+    assert s.batch_get_into_multi_buffer_ranges(["s1"], [[q]], [[4]], [[6]]) == [-600]
+    assert s.batch_get_session_end(["s1", "nope"]) == 0
+
+
+def test_safetensors_save_and_load(make: Callable[..., Any], tmp_path: Any) -> None:  # noqa: F811
+    from safetensors.torch import load_file, save_file
+
+    s = make()
+    t = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    assert s.put_tensor("tk", t) == 0
+    assert s.save_tensor_to_safetensor("tk", str(tmp_path / "a.safetensors")) == 0
+    assert torch.equal(load_file(str(tmp_path / "a.safetensors"))["tk"], t)
+    assert s.save_tensor_to_safetensor("nope", str(tmp_path / "b.safetensors")) == -1100
+
+    save_file({"w1": torch.ones(2, 2), "w2": torch.zeros(3)}, str(tmp_path / "c.safetensors"))
+    got = s.load_tensor_from_safetensor(key="w2", file_name=str(tmp_path / "c.safetensors"))
+    assert torch.equal(got, torch.zeros(3)) and torch.equal(s.get_tensor("w2"), torch.zeros(3))
+    got = s.load_tensor_from_safetensor(key="zz", file_name=str(tmp_path / "c.safetensors"))
+    assert torch.equal(got, torch.ones(2, 2)) and torch.equal(s.get_tensor("zz"), got)
+    name = str(tmp_path / "c.safetensors")
+    assert s.load_tensor_from_safetensor(file_name=name) is not None and s.is_exist(name) == 1
+    assert s.load_tensor_from_safetensor(key="w1", file_name=str(tmp_path / "none")) is None

@@ -23,7 +23,14 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from mooncake_cli.compat import buffers_api, tensor_api, tensor_buffers, zero_copy
+from mooncake_cli.compat import (
+    buffers_api,
+    safetensors_api,
+    sessions,
+    tensor_api,
+    tensor_buffers,
+    zero_copy,
+)
 from mooncake_cli.compat.codes import BAD, NOT_READY, code_of, put_code
 from mooncake_cli.compat.fs_tier import FileTier
 from mooncake_cli.compat.persisted import PersistedClient, fs_dir_of
@@ -64,6 +71,8 @@ class MooncakeDistributedStore:
         self._hostname = ""
         self._buffer = 0  # local_buffer_size
         self._buffers: dict[int, tuple[Region | None, memoryview]] = {}
+        self._put_sessions: dict[str, tuple[bytearray, Any]] = {}  # compat/sessions.py
+        self._get_sessions: dict[str, Any] = {}
 
     @classmethod
     def over(cls, client: Any, local_buffer_size: int = 1 << 40) -> MooncakeDistributedStore:
@@ -108,6 +117,8 @@ class MooncakeDistributedStore:
         return 0
 
     def close(self) -> int:
+        self._put_sessions.clear()
+        self._get_sessions.clear()
         for ptr in list(self._buffers):
             self.unregister_buffer(ptr)
         client, engine, self._client, self._engine = self._client, self._engine, None, None
@@ -286,6 +297,15 @@ class MooncakeDistributedStore:
     batch_get_into_multi_buffers = buffers_api.batch_get_into_multi_buffers
     put_from_with_metadata = buffers_api.put_from_with_metadata
 
+    # -- sessions (compat/sessions.py) -----------------------------------------------------------
+    batch_put_session_start = sessions.batch_put_session_start
+    batch_put_from_multi_buffer_ranges = sessions.batch_put_from_multi_buffer_ranges
+    batch_put_session_end = sessions.batch_put_session_end
+    batch_put_session_revoke = sessions.batch_put_session_revoke
+    batch_get_session_start = sessions.batch_get_session_start
+    batch_get_into_multi_buffer_ranges = sessions.batch_get_into_multi_buffer_ranges
+    batch_get_session_end = sessions.batch_get_session_end
+
     # -- tensors (compat/tensor_api.py) -----------------------------------------------------------
     put_tensor = tensor_api.put_tensor
     upsert_tensor = tensor_api.upsert_tensor
@@ -303,6 +323,8 @@ class MooncakeDistributedStore:
     pub_tensor_with_tp = tensor_buffers.pub_tensor_with_tp
     batch_pub_tensor_with_tp = tensor_buffers.batch_pub_tensor_with_tp
     batch_upsert_pub_tensor = tensor_buffers.batch_upsert_pub_tensor
+    save_tensor_to_safetensor = safetensors_api.save_tensor_to_safetensor
+    load_tensor_from_safetensor = safetensors_api.load_tensor_from_safetensor
 
     # -- tensors in caller buffers (compat/tensor_buffers.py) ------------------------------------
     get_tensor_into = tensor_buffers.get_tensor_into

@@ -1,0 +1,137 @@
+"""The compat store's session forms (upstream's batch_put_session_* with
+batch_put_from_multi_buffer_ranges, batch_get_session_* with
+batch_get_into_multi_buffer_ranges), bound onto MooncakeDistributedStore: an object built from
+byte ranges of caller buffers, then made readable at once; objects read once and their ranges
+copied out as often as wanted.
+
+A put session stages each object in this process until its end, which puts them all in one
+batch: until then the master has not heard of them (is_exist 0 and get b"" as upstream's;
+get_size -704 where upstream's says -703), and bytes no range wrote are zeros. A get session
+holds the objects it read until it ends. Codes as upstream's: a session start of an existing
+key -705, of a missing one (get) -704; ranges of a key with no session, or outside its object,
+-600; a range call gives per key the bytes copied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mooncake_cli.compat import ranges
+from mooncake_cli.compat.codes import BAD, EXISTS, code_of
+from mooncake_cli.compat.types import native
+from mooncake_cli.store.errors import StoreError
+from mooncake_cli.store.records import MAX_OBJECT_SIZE
+
+
+def _sessions(store: Any) -> tuple[dict[str, tuple[bytearray, Any]], dict[str, Any]]:
+    return store._put_sessions, store._get_sessions
+
+
+def batch_put_session_start(self: Any, keys: list[str], sizes: list[int],
+                            config: Any = None) -> list[int]:
+    puts, _ = _sessions(self)
+    if len(keys) != len(sizes):
+        return [BAD] * len(keys)
+    found = self._run(lambda c: list(c.batch_exists(keys)), lambda e: [e] * len(keys))
+    out: list[int] = []
+    for key, size, there in zip(keys, sizes, found, strict=True):
+        if isinstance(there, StoreError) or type(there) is int:
+            out.append(code_of(there) if isinstance(there, StoreError) else there)
+        elif there or key in puts:
+            out.append(EXISTS)
+        elif not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_OBJECT_SIZE:
+            out.append(BAD)
+        else:
+            puts[key] = (bytearray(size), native(config))
+            out.append(0)
+    return out
+
+
+def _copy_ranges(object_: Any, ptrs: list[int], sizes: list[int], offsets: list[int],
+                 into_object: bool) -> int:
+    if not isinstance(ptrs, list) or not len(ptrs) == len(sizes) == len(offsets) or not ptrs:
+        return BAD
+    try:
+        views = [ranges.view(p, n) for p, n in zip(ptrs, sizes, strict=True)]
+    except StoreError:
+        return BAD
+    obj = memoryview(object_).cast("B")
+    if any(not isinstance(o, int) or o < 0 or o + len(v) > len(obj)
+           for v, o in zip(views, offsets, strict=True)):
+        return BAD
+    for v, o in zip(views, offsets, strict=True):
+        if into_object:
+            obj[o:o + len(v)] = v
+        else:
+            v[:] = obj[o:o + len(v)]
+    return sum(len(v) for v in views)
+
+
+def batch_put_from_multi_buffer_ranges(self: Any, keys: list[str],
+                                       all_buffer_ptrs: list[list[int]],
+                                       all_sizes: list[list[int]],
+                                       all_dst_offsets: list[list[int]]) -> list[int]:
+    """Write each buffer to its key's session object at its destination offset."""
+    puts, _ = _sessions(self)
+    if not len(keys) == len(all_buffer_ptrs) == len(all_sizes) == len(all_dst_offsets):
+        return [BAD] * len(keys)
+    return [_copy_ranges(puts[k][0], p, n, o, True) if k in puts else BAD
+            for k, p, n, o in zip(keys, all_buffer_ptrs, all_sizes, all_dst_offsets, strict=True)]
+
+
+def batch_put_session_end(self: Any, keys: list[str]) -> list[int]:
+    """Put the session objects of `keys` in one batch; per key 0 or its code."""
+    puts, _ = _sessions(self)
+    out = [BAD] * len(keys)
+    ready = [(i, k) for i, k in enumerate(keys) if k in puts]
+    by_config: dict[int, list[tuple[int, str]]] = {}
+    for i, k in ready:
+        by_config.setdefault(id(puts[k][1]), []).append((i, k))
+    for group in by_config.values():
+        names = [k for _, k in group]
+        config = puts[names[0]][1]
+        values = [puts[k][0] for k in names]
+        codes = self._run(lambda c, n=names, v=values, cf=config: [
+            0 if e is None else code_of(e) for e in c.batch_put(n, v, cf, False)],
+            lambda e, n=names: [e] * len(n))
+        for (i, k), rc in zip(group, codes, strict=True):
+            out[i] = rc
+            puts.pop(k, None)
+    return out
+
+
+def batch_put_session_revoke(self: Any, keys: list[str]) -> list[int]:
+    puts, _ = _sessions(self)
+    return [0 if puts.pop(k, None) is not None else BAD for k in keys]
+
+
+def batch_get_session_start(self: Any, keys: list[str]) -> list[int]:
+    """Read each object once for the ranges to come; per key 0 or its code."""
+    _, gets = _sessions(self)
+    got = self._run(lambda c: list(c.batch_get_buffers(keys)), lambda e: [e] * len(keys))
+    out: list[int] = []
+    for key, data in zip(keys, got, strict=True):
+        if isinstance(data, (bytes, bytearray)):
+            gets[key] = data
+            out.append(0)
+        else:
+            out.append(code_of(data) if isinstance(data, StoreError) else int(data))
+    return out
+
+
+def batch_get_into_multi_buffer_ranges(self: Any, keys: list[str],
+                                       all_buffer_ptrs: list[list[int]],
+                                       all_sizes: list[list[int]],
+                                       all_src_offsets: list[list[int]]) -> list[int]:
+    """Copy each range of its key's session object at its source offset into its buffer."""
+    _, gets = _sessions(self)
+    if not len(keys) == len(all_buffer_ptrs) == len(all_sizes) == len(all_src_offsets):
+        return [BAD] * len(keys)
+    return [_copy_ranges(gets[k], p, n, o, False) if k in gets else BAD
+            for k, p, n, o in zip(keys, all_buffer_ptrs, all_sizes, all_src_offsets, strict=True)]
+
+
+def batch_get_session_end(self: Any, keys: list[str]) -> int:
+    _, gets = _sessions(self)
+    for k in keys:
+        gets.pop(k, None)
+    return 0
