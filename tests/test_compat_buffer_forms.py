@@ -2,16 +2,19 @@
 against our compat module and (where the wheel is installed) upstream's own class, as
 test_compat_upstream_api.py does: batch_put_from_multi_buffers / batch_get_into_multi_buffers,
 put_from_with_metadata, get_tensor_into / put_tensor_from and their batch, upsert and
-tensor-parallel forms, the pub forms with a config."""
+tensor-parallel forms, the pub forms with a config, the sessions, safetensors, the copy and
+move tasks."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.conftest import wait_for
 from tests.test_compat_upstream_api import Side, make, side  # noqa: F401  (the fixtures)
 
 torch = pytest.importorskip("torch")
@@ -170,3 +173,41 @@ def test_safetensors_save_and_load(make: Callable[..., Any], tmp_path: Any) -> N
     name = str(tmp_path / "c.safetensors")
     assert s.load_tensor_from_safetensor(file_name=name) is not None and s.is_exist(name) == 1
     assert s.load_tensor_from_safetensor(key="w1", file_name=str(tmp_path / "none")) is None
+
+
+def _settled(s: Any, task_id: Any) -> Any:
+    """The task's answer once it is no longer pending (upstream's master queues it)."""
+    deadline = time.monotonic() + 20
+    while True:
+        resp, rc = s.query_task(task_id)
+        assert rc == 0 and resp is not None
+        if resp.status.name not in ("PENDING", "PROCESSING") or time.monotonic() > deadline:
+            return resp
+        time.sleep(0.1)
+
+
+def test_copy_and_move_tasks(side: Side, make: Callable[..., Any]) -> None:  # noqa: F811
+    a, b = make(), make()
+    ha, hb = a.get_hostname(), b.get_hostname()
+    rc = side.m.ReplicateConfig()
+    rc.preferred_segment = ha
+    assert a.put("k", b"x" * 1000, rc) == 0
+    assert len(a.get_replica_desc("k")) == 1
+
+    task_id, code = a.create_copy_task("k", [hb])
+    assert code == 0 and task_id != (0, 0)
+    resp = _settled(a, task_id)
+    assert (resp.status.name, resp.type.name, resp.id) == ("SUCCESS", "REPLICA_COPY", task_id)
+    assert resp.last_updated_at_ms_epoch >= resp.created_at_ms_epoch > 0
+    assert len(a.get_replica_desc("k")) == 2
+    assert b.get("k") == b"x" * 1000
+
+    task_id, code = a.create_move_task("k", hb, ha)
+    assert code == 0
+    assert _settled(a, task_id).status.name == "SUCCESS"
+    wait_for(lambda: len(a.get_replica_desc("k")) == 1, 10)
+    assert a.get("k") == b"x" * 1000
+
+    assert a.create_copy_task("nope", [hb]) == ((0, 0), -704)
+    assert a.create_copy_task("k", ["nohost:1"]) == ((0, 0), -600)
+    assert a.query_task((1, 2)) == (None, -1400)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from mooncake_cli.compat import (
     buffers_api,
     safetensors_api,
     sessions,
+    tasks,
     tensor_api,
     tensor_buffers,
     zero_copy,
@@ -35,6 +37,7 @@ from mooncake_cli.compat.codes import BAD, NOT_READY, code_of, put_code
 from mooncake_cli.compat.fs_tier import FileTier
 from mooncake_cli.compat.persisted import PersistedClient, fs_dir_of
 from mooncake_cli.compat.session import SetupArgs, master_reachable, start_engine
+from mooncake_cli.compat.tasks import QueryTaskResponse, TaskStatus, TaskType
 from mooncake_cli.compat.types import (
     BufferDescriptor,
     BufferHandle,
@@ -55,7 +58,7 @@ from mooncake_cli.transfer.segment import Region
 
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ReplicaStatus",
            "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor", "BufferDescriptor",
-           "BufferHandle"]
+           "BufferHandle", "TaskStatus", "TaskType", "QueryTaskResponse"]
 log = logging.getLogger("mooncake.compat")
 T = TypeVar("T")
 
@@ -73,6 +76,8 @@ class MooncakeDistributedStore:
         self._buffers: dict[int, tuple[Region | None, memoryview]] = {}
         self._put_sessions: dict[str, tuple[bytearray, Any]] = {}  # compat/sessions.py
         self._get_sessions: dict[str, Any] = {}
+        self._tasks: dict[tuple[int, int], QueryTaskResponse] = {}  # compat/tasks.py
+        self._client_uuid = (secrets.randbits(64), secrets.randbits(64))
 
     @classmethod
     def over(cls, client: Any, local_buffer_size: int = 1 << 40) -> MooncakeDistributedStore:
@@ -305,6 +310,11 @@ class MooncakeDistributedStore:
     batch_get_session_start = sessions.batch_get_session_start
     batch_get_into_multi_buffer_ranges = sessions.batch_get_into_multi_buffer_ranges
     batch_get_session_end = sessions.batch_get_session_end
+
+    # -- replica tasks (compat/tasks.py) ---------------------------------------------------------
+    create_copy_task = tasks.create_copy_task
+    create_move_task = tasks.create_move_task
+    query_task = tasks.query_task
 
     # -- tensors (compat/tensor_api.py) -----------------------------------------------------------
     put_tensor = tensor_api.put_tensor
