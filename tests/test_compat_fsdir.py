@@ -7,6 +7,7 @@ files outlive a killed master and a departed client)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import REPO, child_env, free_port, wait_for
 from tests.helpers.store_procs import Proc
 
 os.environ.setdefault("GLOG_minloglevel", "2")
@@ -257,3 +258,22 @@ def test_writes_still_queued_at_exit_are_written(root: Path) -> None:
         s.close()
     finally:
         m.stop()
+
+
+def test_doctor_says_whether_this_host_has_the_masters_root(tmp_path: Path) -> None:
+    for root, want in ((tmp_path, "ok"), (tmp_path / "not-mounted", "fail")):
+        m = our_master(root)
+        try:
+            done = subprocess.run([sys.executable, "-m", "mooncake_cli", "--json", "doctor",
+                                   "--group", "master", "--master", str(m.ready["address"])],
+                                  capture_output=True, text=True, cwd=REPO, env=child_env(),
+                                  timeout=120)
+        finally:
+            m.stop()
+        checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+        assert checks["root_fs_dir"]["status"] == want, done.stdout
+        assert checks["root_fs_dir"]["data"]["fs_dir"] == str(root / CLUSTER)
+        named = "master/root_fs_dir" in done.stderr  # (master/segments fails too: no client)
+        assert named is (want == "fail") and done.returncode == 1
+        if want == "fail":
+            assert "mount the shared file system" in checks["root_fs_dir"]["fix"]

@@ -1,8 +1,9 @@
 """Store master checks: reachable and answering, leadership, segments mounted, capacity used,
-clock skew."""
+clock skew, the master's root_fs_dir on this host."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -123,7 +124,36 @@ def checks(cfg: DoctorConfig) -> list[Check]:
         *capacity_checks(s),
         skew_check(s.clock - (sent + back) / 2, (back - sent) / 2) if s.clock else
         Check(G, "clock skew", Status.SKIPPED, "this master does not report its clock"),
+        fs_dir_check(address, cfg.secret, cfg.timeout),
     ]
+
+
+def fs_dir_check(address: str, secret: str, timeout: float) -> Check:
+    """The directory the master tells clients of the upstream API to persist to (its
+    --root_fs_dir/--cluster_id): there and writable on this host, or their setup fails."""
+    try:
+        fs_dir = str(ask(address, secret, timeout, protocol.GetFsdir(), str))
+    except StoreError as e:
+        return Check(G, "root_fs_dir", Status.SKIPPED, f"the master does not say: {e}")
+    if not fs_dir:
+        return Check(G, "root_fs_dir", Status.OK, "none named: objects live in memory and "
+                     "SSD segments only", data={"fs_dir": ""})
+    root = os.path.dirname(fs_dir.rstrip("/"))
+    data = {"fs_dir": fs_dir}
+    if not os.path.isdir(root):
+        return Check(G, "root_fs_dir", Status.FAIL,
+                     f"the master's root_fs_dir {root} is not a directory on this host: setup "
+                     f"of an upstream-API client here fails (-1)",
+                     f"mount the shared file system at {root} on this host, or start the "
+                     "master with the --root_fs_dir every client host mounts", data)
+    here = fs_dir if os.path.isdir(fs_dir) else root
+    if not os.access(here, os.W_OK | os.X_OK):
+        return Check(G, "root_fs_dir", Status.FAIL,
+                     f"{here} is not writable by this user (uid {os.getuid()}): setup of an "
+                     "upstream-API client here fails (-1)",
+                     f"run the clients as the user that owns {here}, or give this one write "
+                     "access", data)
+    return Check(G, "root_fs_dir", Status.OK, f"{fs_dir}: clients here persist to it", data=data)
 
 
 def skew_check(skew: float, uncertainty: float) -> Check:
