@@ -37,8 +37,10 @@ class TensorError(ValueError):
 
 
 def _torch() -> Any:
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        raise TensorError("the tensor API needs torch (pip install 'torch==2.13.0')") from None
     return torch
 
 
