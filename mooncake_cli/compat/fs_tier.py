@@ -28,6 +28,7 @@ from typing import Any
 import xxhash
 
 from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.records import check_key
 
 MAGIC = b"MCF1"
 HEADER = struct.Struct("<4sIQQ")  # magic, key bytes, value bytes, xxh3_64 of the value
@@ -83,7 +84,8 @@ class FileTier:
 
     # -- paths -----------------------------------------------------------------------------------
     def path(self, key: str) -> str:
-        h = hashlib.sha256(key.encode("utf-8")).hexdigest()
+        """Where `key`'s file is (InvalidKey for what is no key)."""
+        h = hashlib.sha256(check_key(key).encode("utf-8")).hexdigest()
         return os.path.join(self.root, h[:2], h[2:4], h)
 
     # -- writes ----------------------------------------------------------------------------------

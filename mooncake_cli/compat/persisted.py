@@ -16,7 +16,7 @@ from typing import Any
 
 from mooncake_cli.compat.fs_tier import FileTier
 from mooncake_cli.store.client.values import Gathered, readable
-from mooncake_cli.store.errors import BufferOverflow, ErrorCode, StoreError
+from mooncake_cli.store.errors import BufferOverflow, ErrorCode, InvalidParams, StoreError
 from mooncake_cli.store.records import ReplicateConfig
 from mooncake_cli.store.wire import protocol as p
 
@@ -67,6 +67,8 @@ class PersistedClient:
     def batch_put(self, keys: Sequence[str], values: Sequence[Any],
                   config: ReplicateConfig | None = None,
                   upsert: bool = False) -> list[StoreError | None]:
+        if len(keys) != len(values):
+            raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
         out: list[StoreError | None] = [None] * len(keys)
         todo = [i for i, k in enumerate(keys) if upsert or not self.files.exists(k)]
         for i in set(range(len(keys))) - set(todo):

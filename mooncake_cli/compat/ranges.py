@@ -12,7 +12,8 @@ BAD, MISSING = int(ErrorCode.INVALID_PARAMS), int(ErrorCode.OBJECT_NOT_FOUND)
 
 def view(ptr: int, size: int) -> memoryview:
     """A writable byte view of the `size` bytes at address `ptr`."""
-    if not isinstance(ptr, int) or not isinstance(size, int) or ptr <= 0 or size <= 0:
+    if not isinstance(ptr, int) or not isinstance(size, int) or not 0 < ptr < 1 << 64 \
+            or not 0 < size < 1 << 48 or ptr + size > 1 << 64:
         raise StoreError(f"bad buffer {ptr!r}, {size!r}", ErrorCode.INVALID_PARAMS)
     return memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B")
 
