@@ -277,3 +277,17 @@ def test_doctor_says_whether_this_host_has_the_masters_root(tmp_path: Path) -> N
         assert named is (want == "fail") and done.returncode == 1
         if want == "fail":
             assert "mount the shared file system" in checks["root_fs_dir"]["fix"]
+
+
+def test_bad_arguments_are_codes_with_the_file_tier_on(root: Path) -> None:
+    m = our_master(root)
+    try:
+        s = _ours(str(m.ready["address"]))
+        assert s.put(None, b"x") < 0 and s.put(b"k", b"x") < 0  # type: ignore[arg-type]
+        assert s.put_batch(["k"], []) == -600 and s.put_parts(1.5, b"x") < 0  # type: ignore[arg-type]
+        assert s.get_tensor_into("k", 1 << 70, 1) is None
+        assert s.put_tensor_from("k", 1, 1 << 70) == -600
+        assert s.is_exist("k") == 0 and s.put("k", b"x") == 0 and s.get("k") == b"x"
+        s.close()
+    finally:
+        m.stop()
