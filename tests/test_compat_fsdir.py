@@ -291,3 +291,28 @@ def test_bad_arguments_are_codes_with_the_file_tier_on(root: Path) -> None:
         s.close()
     finally:
         m.stop()
+
+
+def test_a_reader_falls_back_to_the_file_when_the_holder_was_killed(root: Path) -> None:
+    m = Proc([sys.executable, "-m", "mooncake_cli", "--json", "store", "master", "--port",
+              str(free_port()), "--root_fs_dir", str(root), "--client-ttl", "60"])
+    code = ("import sys, time\nfrom mooncake_cli.compat.store import MooncakeDistributedStore\n"
+            "s = MooncakeDistributedStore()\n"
+            "assert s.setup('127.0.0.1', 'P2PHANDSHAKE', 16 << 20, 16 << 20, 'tcp', '', "
+            "sys.argv[1]) == 0\n"
+            "assert s.put('held', b'h' * 100_000) == 0\n"
+            "s._client.files.flush()\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    writer = subprocess.Popen([sys.executable, "-c", code, str(m.ready["address"])],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        s = _ours(str(m.ready["address"]))
+        writer.kill()  # kill -9: its segment, the only replica, is gone; the master not told
+        writer.wait()
+        assert s.get("a-key-nobody-put") == b""
+        assert s.get("held") == b"h" * 100_000  # memory's read fails: the file answers
+        s.close()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        m.stop()

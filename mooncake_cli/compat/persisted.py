@@ -1,7 +1,8 @@
 """A store client whose objects are also persisted to the master's root_fs_dir (fs_tier.py), as
 upstream's client does when its master has `--root_fs_dir`: every put is written to a file
 after it is stored, and a key memory no longer holds (evicted, or a master that restarted) is
-read, sized and found from its file. A put of a key with a file is an existing object (0,
+read, sized and found from its file, as is one whose memory replicas cannot be read (a holder
+killed before the master noticed). A put of a key with a file is an existing object (0,
 unchanged); an upsert replaces both; a removal removes both.
 
 The compat store wraps its StoreClient in this only when the master names a directory
@@ -31,8 +32,14 @@ def snapshot(value: Any) -> bytes:
     return b"".join(view.parts) if isinstance(view, Gathered) else bytes(view)
 
 
+UNREADABLE = (NOT_FOUND, ErrorCode.TRANSFER_FAIL, ErrorCode.INVALID_REPLICA)
+
+
 def _missing(result: object) -> bool:
-    return isinstance(result, StoreError) and result.code == NOT_FOUND
+    """A read memory could not answer, which the file may: the object is gone from memory, or
+    no replica of it could be read (its holder died and the master does not know yet, or the
+    bytes failed their checksum)."""
+    return isinstance(result, StoreError) and result.code in UNREADABLE
 
 
 def fs_dir_of(client: Any) -> str:
