@@ -36,10 +36,6 @@ MAX_QUEUED = 256 << 20  # bytes of values waiting to be written
 PRIVATE_DIR = 0o700  # directories made here (files are 0600): the clients share one user
 
 
-def _error(message: str, code: ErrorCode) -> StoreError:
-    return StoreError(message, code)
-
-
 def _flush_at_exit(ref: weakref.ref[FileTier]) -> None:
     tier = ref()
     if tier is not None:
@@ -56,8 +52,8 @@ class FileTier:
         self.root = root
         parent = os.path.dirname(root.rstrip("/"))
         if not os.path.isdir(parent):
-            raise _error(f"the master's root_fs_dir {parent} is not a directory here (is the "
-                         f"shared file system mounted?)", ErrorCode.INTERNAL_ERROR)
+            raise StoreError(f"the master's root_fs_dir {parent} is not a directory here (is the "
+                             f"shared file system mounted?)", ErrorCode.INTERNAL_ERROR)
         try:
             os.makedirs(root, PRIVATE_DIR, exist_ok=True)
             probe = os.path.join(root, f".probe-{os.getpid()}-{threading.get_ident()}")
@@ -65,8 +61,8 @@ class FileTier:
                 pass
             os.unlink(probe)
         except OSError as e:
-            raise _error(f"the master's root_fs_dir {root} is not writable here: {e}",
-                         ErrorCode.INTERNAL_ERROR) from None
+            raise StoreError(f"the master's root_fs_dir {root} is not writable here: {e}",
+                             ErrorCode.INTERNAL_ERROR) from None
         self._max = max_queued
         self._cv = threading.Condition()
         self._queue: deque[tuple[str, int]] = deque()
@@ -75,7 +71,6 @@ class FileTier:
         self._gen = 0
         self._busy = False
         self._closed = False
-        self.failed = 0  # writes that failed (logged by the caller's logger through `on_fail`)
         self.on_fail: Callable[[str, OSError], None] = lambda key, e: None
         self._thread = threading.Thread(target=self._write_loop, name="mooncake-fs-tier",
                                         daemon=True)
@@ -118,7 +113,6 @@ class FileTier:
             try:
                 self._store(key, gen, entry[1])
             except OSError as e:
-                self.failed += 1
                 self.on_fail(key, e)
             finally:
                 with self._cv:
@@ -164,6 +158,16 @@ class FileTier:
         self._thread.join(timeout=5)
 
     # -- reads -----------------------------------------------------------------------------------
+    @staticmethod
+    def _head(f: Any) -> tuple[bytes, int, int] | None:
+        """The key (as bytes), value size and checksum a file's header names; None when it has
+        none of ours. `f` is left at the value."""
+        head = f.read(HEADER.size)
+        if len(head) < HEADER.size:
+            return None
+        magic, nkey, size, digest = HEADER.unpack(head)
+        return (f.read(nkey), size, digest) if magic == MAGIC else None
+
     def _open(self, key: str) -> tuple[Any, int, int] | None:
         """The open file of `key` positioned at its value, the value's size and checksum; None
         if there is none (a file of another key, or not ours, counts as none)."""
@@ -172,12 +176,11 @@ class FileTier:
         except FileNotFoundError:
             return None
         except OSError as e:
-            raise _error(f"cannot open the file of {key!r}: {e}", ErrorCode.FILE_OPEN_FAIL) from e
-        head = f.read(HEADER.size)
-        if len(head) == HEADER.size:
-            magic, nkey, size, digest = HEADER.unpack(head)
-            if magic == MAGIC and f.read(nkey) == key.encode("utf-8"):
-                return f, size, digest
+            raise StoreError(f"cannot open the file of {key!r}: {e}",
+                             ErrorCode.FILE_OPEN_FAIL) from e
+        head = self._head(f)
+        if head is not None and head[0] == key.encode("utf-8"):
+            return f, head[1], head[2]
         f.close()
         return None
 
@@ -209,7 +212,7 @@ class FileTier:
             return buf
         opened = self._open(key)
         if opened is None:
-            raise _error(f"object {key!r} not found", ErrorCode.OBJECT_NOT_FOUND)
+            raise StoreError(f"object {key!r} not found", ErrorCode.OBJECT_NOT_FOUND)
         f, size, want = opened
         with f:
             if alloc is None:  # one copy, no zero-fill first
@@ -220,8 +223,8 @@ class FileTier:
                 view = memoryview(buf).cast("B")
                 got = f.readinto(view)
         if got != size or xxhash.xxh3_64_intdigest(view) != want:
-            raise _error(f"the file of {key!r} is damaged (short or checksum mismatch)",
-                         ErrorCode.FILE_READ_FAIL)
+            raise StoreError(f"the file of {key!r} is damaged (short or checksum mismatch)",
+                             ErrorCode.FILE_READ_FAIL)
         return buf
 
     # -- removal ---------------------------------------------------------------------------------
@@ -249,15 +252,8 @@ class FileTier:
                     continue
                 try:
                     with open(os.path.join(dirpath, name), "rb") as f:
-                        head = f.read(HEADER.size)
-                        if len(head) < HEADER.size or head[:4] != MAGIC:
-                            continue
-                        key = f.read(HEADER.unpack(head)[1]).decode("utf-8", "replace")
+                        head = self._head(f)
                 except OSError:
                     continue
-                if key not in seen:
+                if head is not None and (key := head[0].decode("utf-8", "replace")) not in seen:
                     yield key
-
-    def clear(self) -> int:
-        """Remove every object's file; how many there were."""
-        return sum(1 for key in list(self.keys()) if self.remove(key))

@@ -66,16 +66,22 @@ def _copy_ranges(object_: Any, ptrs: list[int], sizes: list[int], offsets: list[
     return sum(len(v) for v in views)
 
 
+def _ranges(objects: dict[str, Any], keys: list[str], ptrs: list[list[int]],
+            sizes: list[list[int]], offsets: list[list[int]], into_object: bool) -> list[int]:
+    """Per key the bytes copied between its session object in `objects` and its buffers."""
+    if not len(keys) == len(ptrs) == len(sizes) == len(offsets):
+        return [BAD] * len(keys)
+    return [_copy_ranges(objects[k], p, n, o, into_object) if k in objects else BAD
+            for k, p, n, o in zip(keys, ptrs, sizes, offsets, strict=True)]
+
+
 def batch_put_from_multi_buffer_ranges(self: Any, keys: list[str],
                                        all_buffer_ptrs: list[list[int]],
                                        all_sizes: list[list[int]],
                                        all_dst_offsets: list[list[int]]) -> list[int]:
     """Write each buffer to its key's session object at its destination offset."""
-    puts, _ = _sessions(self)
-    if not len(keys) == len(all_buffer_ptrs) == len(all_sizes) == len(all_dst_offsets):
-        return [BAD] * len(keys)
-    return [_copy_ranges(puts[k][0], p, n, o, True) if k in puts else BAD
-            for k, p, n, o in zip(keys, all_buffer_ptrs, all_sizes, all_dst_offsets, strict=True)]
+    staged = {k: data for k, (data, _) in _sessions(self)[0].items()}
+    return _ranges(staged, keys, all_buffer_ptrs, all_sizes, all_dst_offsets, True)
 
 
 def batch_put_session_end(self: Any, keys: list[str]) -> list[int]:
@@ -123,11 +129,7 @@ def batch_get_into_multi_buffer_ranges(self: Any, keys: list[str],
                                        all_sizes: list[list[int]],
                                        all_src_offsets: list[list[int]]) -> list[int]:
     """Copy each range of its key's session object at its source offset into its buffer."""
-    _, gets = _sessions(self)
-    if not len(keys) == len(all_buffer_ptrs) == len(all_sizes) == len(all_src_offsets):
-        return [BAD] * len(keys)
-    return [_copy_ranges(gets[k], p, n, o, False) if k in gets else BAD
-            for k, p, n, o in zip(keys, all_buffer_ptrs, all_sizes, all_src_offsets, strict=True)]
+    return _ranges(_sessions(self)[1], keys, all_buffer_ptrs, all_sizes, all_src_offsets, False)
 
 
 def batch_get_session_end(self: Any, keys: list[str]) -> int:

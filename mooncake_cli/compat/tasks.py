@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from mooncake_cli.compat.codes import BAD, code_of
+from mooncake_cli.compat.codes import BAD
 from mooncake_cli.store.errors import ErrorCode, ObjectAlreadyExists, StoreError
 
 TASK_NOT_FOUND = -1400
@@ -131,5 +131,5 @@ def query_task(self: Any, task_id: tuple[int, int]) -> tuple[QueryTaskResponse |
     try:
         task = self._tasks.get(tuple(task_id))
     except TypeError:
-        return None, code_of(TypeError())
+        return None, BAD
     return (task, 0) if task is not None else (None, TASK_NOT_FOUND)
