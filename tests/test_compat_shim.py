@@ -1,4 +1,5 @@
-"""The `mooncake.store` shim (plugins/mooncake-compat): ours where no real `mooncake` package is
+"""The `mooncake.store` and `mooncake.engine` shim (plugins/mooncake-compat): ours where no real
+`mooncake` package is
 installed, upstream's own where it is (never shadowed); its wheel carries the .pth hook."""
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ def test_without_upstream_mooncake_store_is_ours() -> None:
               "import mooncake.store, mooncake_cli.compat.store as ours\n"
               "assert mooncake.store is ours and SoftPinAction.ENABLE == 1\n"
               "print(MooncakeDistributedStore.__module__)\n"
-              "try:\n    import mooncake.engine\nexcept ImportError:\n    print('no engine')")
-    assert out.splitlines() == ["mooncake_cli.compat.store", "no engine"]
+              "from mooncake.engine import TransferEngine\n"
+              "import mooncake.engine, mooncake_cli.compat.engine as engine\n"
+              "assert mooncake.engine is engine\n"
+              "print(TransferEngine.__module__)\n"
+              "try:\n    import mooncake.mooncake_connector_v1\nexcept ImportError:\n"
+              "    print('nothing else')")
+    assert out.splitlines() == ["mooncake_cli.compat.store", "mooncake_cli.compat.engine",
+                                "nothing else"]
 
 
 def test_a_real_mooncake_package_is_never_shadowed(tmp_path: Path) -> None:
@@ -40,10 +47,12 @@ def test_a_real_mooncake_package_is_never_shadowed(tmp_path: Path) -> None:
     fake.mkdir()
     (fake / "__init__.py").write_text("")
     (fake / "store.py").write_text("WHO = 'upstream'\n")
+    (fake / "engine.py").write_text("WHO = 'upstream engine'\n")
     out = run(f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
               "import mooncake_compat.hook as h; h.install()\n"
-              "import mooncake.store; print(mooncake.store.WHO)")
-    assert out == "upstream"
+              "import mooncake.store, mooncake.engine\n"
+              "print(mooncake.store.WHO, mooncake.engine.WHO, sep=',')")
+    assert out == "upstream,upstream engine"
 
 
 def test_the_wheel_installs_the_hook(tmp_path: Path) -> None:

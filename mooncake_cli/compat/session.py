@@ -99,13 +99,13 @@ class SetupArgs:
                         "store serve --metrics-port`)")
         ssd = str(v.get("ssd_offload_path") or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH",
                                                               "")) or None
-        return cls(host.strip("[]"), _metadata(str(v["metadata_server"])), segment, buffer,
+        return cls(host.strip("[]"), metadata_url(str(v["metadata_server"])), segment, buffer,
                    str(v.get("protocol", "tcp")), master, v.get("engine"),
                    ssd if v.get("enable_ssd_offload") else None,
                    str(v.get("tenant_id", "default")))
 
 
-def _metadata(url: str) -> str:
+def metadata_url(url: str) -> str:
     if url.strip().lower() in ("p2phandshake", "p2p", ""):
         return "p2p"
     if not url.startswith(("http://", "https://", "etcd://")) and "://" in url:

@@ -41,7 +41,10 @@ __all__ = ["MIN_SLICE", "TransferEngine", "cut"]
 
 
 class TransferEngine:
-    def __init__(self, config: TransferConfig, registry: Registry) -> None:
+    def __init__(self, config: TransferConfig, registry: Registry,
+                 addressed: bool = False) -> None:
+        """`addressed`: each region's offset is its virtual address in this process (upstream
+        Mooncake's addressing, see Segment), not a compact offset."""
         self.config = config
         self.registry = registry
         transports = pick_transports(registry, config.transport)
@@ -49,7 +52,7 @@ class TransferEngine:
         # TLS reads one 16 KiB record per call, each releasing the GIL: threads streaming in
         # parallel then queue for it (one stream is ~2x faster here than four)
         self._connections = 1 if config.encrypt else config.connections
-        self.segment = Segment("")
+        self.segment = Segment("", addressed)
         self.grants = Grants()  # write capabilities for guarded regions (see `guard`)
         self.endpoints = Endpoints(registry, EngineSide(
             self.segment, self._describe_bytes, config.host, config.port, self._secret,

@@ -4,6 +4,10 @@ Each registered buffer becomes a `Region` with a `base` in the segment's offset 
 never reused), so a peer addresses memory as (segment name, offset). Every access is checked
 against the regions: nothing outside them is ever read or written.
 
+A segment made with `addressed=True` puts each region at its own virtual address (the base is
+the memory's address in this process), so peers address it as upstream Mooncake's engine does:
+by raw pointers (mooncake_cli.compat.engine). Its regions must not overlap.
+
 Host memory is read and written in place. Device memory (a CUDA tensor) has no host view: its
 bytes are staged through host buffers with `load` (device -> host) and `sink` + `commit`
 (host -> device), one slice at a time.
@@ -80,11 +84,25 @@ def host_view(obj: Any) -> tuple[memoryview, str]:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view, "cpu:0"
 
 
+class Overlap(ValueError):
+    """A region of an addressed segment would overlap one already registered."""
+
+
+def address_of(view: memoryview | None, device: Any) -> int:
+    """The virtual address of a host view's first byte, or of a device tensor's."""
+    if view is None:
+        return int(device.data_ptr())
+    import numpy as np
+
+    return int(np.frombuffer(view, np.uint8).ctypes.data) if len(view) else 0
+
+
 class Segment:
     """Registered regions of one engine. Lookups read an immutable snapshot: no lock needed."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, addressed: bool = False) -> None:
         self.name = name
+        self.addressed = addressed
         self._lock = threading.Lock()
         self._regions: tuple[Region, ...] = ()
         self._next = 0
@@ -116,8 +134,16 @@ class Segment:
         if not _LOCATION.match(location):
             raise ValueError(f"bad location '{location}': use cpu:N, cuda:N or npu:N")
         with self._lock:
-            region = Region(self._next, length, location, view, shm, keep, device)
-            self._next += (length + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+            if self.addressed:
+                base = address_of(view, device)
+                for r in self._regions:
+                    if base < r.base + r.length and r.base < base + max(length, 1):
+                        raise Overlap(f"[{base:#x}, {base + length:#x}) overlaps the region "
+                                      f"registered at {r.base:#x} ({r.length} bytes)")
+            else:
+                base = self._next
+                self._next += (length + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+            region = Region(base, length, location, view, shm, keep, device)
             self._regions = (*self._regions, region)
         return region
 

@@ -1,9 +1,10 @@
-"""An import hook giving `mooncake` and `mooncake.store` (= mooncake_cli.compat.store) only
-where no real `mooncake` package is on sys.path: with upstream's wheel installed, its own
-`mooncake.store` is imported, never shadowed.
+"""An import hook giving `mooncake`, `mooncake.store` (= mooncake_cli.compat.store) and
+`mooncake.engine` (= mooncake_cli.compat.engine) only where no real `mooncake` package is on
+sys.path: with upstream's wheel installed, its own modules are imported, never shadowed.
 
     import mooncake_compat.hook; mooncake_compat.hook.install()   # what the .pth file runs
     from mooncake.store import MooncakeDistributedStore           # ours, or upstream's
+    from mooncake.engine import TransferEngine                    # ours, or upstream's
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-TARGET = "mooncake_cli.compat.store"
-NAMES = ("mooncake", "mooncake.store")
+TARGETS = {"mooncake.store": "mooncake_cli.compat.store",
+           "mooncake.engine": "mooncake_cli.compat.engine"}
+NAMES = ("mooncake", *TARGETS)
 Finder = Callable[[str, Any], Any]
 
 
@@ -25,18 +27,18 @@ class _Loader(importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         if spec.name == "mooncake":
             pkg = types.ModuleType("mooncake", "mooncake-cli's stand-in for upstream Mooncake "
-                                               "(only mooncake.store)")
+                                               "(mooncake.store and mooncake.engine)")
             pkg.__path__ = []
             return pkg
-        return importlib.import_module(TARGET)
+        return importlib.import_module(TARGETS[spec.name])
 
     def exec_module(self, module: types.ModuleType) -> None:
         pass
 
 
 class MooncakeAlias(importlib.abc.MetaPathFinder):
-    """Finds `mooncake` / `mooncake.store` when `find_real` (the path finder) finds no real
-    `mooncake`; otherwise stays out of the way."""
+    """Finds `mooncake`, `mooncake.store` and `mooncake.engine` when `find_real` (the path
+    finder) finds no real `mooncake`; otherwise stays out of the way."""
 
     def __init__(self, find_real: Finder = importlib.machinery.PathFinder.find_spec) -> None:
         self.find_real = find_real
