@@ -187,6 +187,27 @@ def test_managed_buffers(make: Callable[[], Any]) -> None:
     assert a.free_managed_buffer(p, 1 << 20) == 0
 
 
+def test_wrong_types_raise_type_error_as_the_binding_does(make: Callable[[], Any],
+                                                        m: Any) -> None:
+    a = make()
+    buf = np.zeros(64, np.uint8)
+    p = reg(a, buf)
+    for call in (lambda: a.register_memory(-1, 10), lambda: a.register_memory(2**70, 10),
+                 lambda: a.register_memory(None, 1), lambda: a.register_memory(1.5, 1),
+                 lambda: a.get_first_buffer_address(None), lambda: a.send_probe(5),
+                 lambda: a.batch_unregister_memory(None), lambda: a.unregister_memory([1]),
+                 lambda: a.transfer_sync_write("x", -1, 0, 0),
+                 lambda: a.batch_transfer_sync_write("x", None, [], []),
+                 lambda: a.batch_transfer_sync_write("x", [1.0], [1], [1]),
+                 lambda: a.transfer_sync("x", p, p, 1, 1),  # an int is not a TransferOpcode
+                 lambda: a.get_batch_transfer_status(None),
+                 lambda: a.allocate_managed_buffer(-1)):
+        with pytest.raises(TypeError, match="incompatible function arguments"):
+            call()
+    assert a.batch_unregister_memory((p,)) == 0  # any sequence of addresses
+    assert a.register_memory(p, True) == 0  # a bool is an int to the binding
+
+
 # -- ours only: what upstream's answers with a crash ----------------------------------------------
 @pytest.fixture
 def ours() -> Any:
@@ -212,9 +233,8 @@ def test_ours_never_crashes_the_host(ours: Any) -> None:
     assert te.write_bytes_to_buffer(private.ctypes.data, b"x", 1) == -1
     assert te.read_bytes_from_buffer(0, 8) == b"" and te.transfer_check_status(999) == -1
     assert te.batch_register_memory([d], [1 << 60]) == -1  # a size past any address space
-    assert te.transfer_sync_write(name(other), 2**70, d, 1) == -1
-    assert te.transfer_sync_write(name(other), "nope", d, 1) == -1  # type: ignore[arg-type]
-    assert te.transfer_sync(name(other), 0, d, 1, 0, ours.TransferNotify("n", "m")) == -1
+    assert te.transfer_sync(name(other), 0, d, 1, ours.Write, ours.TransferNotify("n", "m")) \
+        == -1  # notifications are not carried
     te.close()
     assert te.transfer_sync_write(name(other), 0, d, 1) == -1 and te.get_rpc_port() == -1
     assert not dst.any()

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mooncake_cli.compat import ranges
+from mooncake_cli.compat.engine_args import checked
 from mooncake_cli.compat.engine_setup import EngineArgs, start
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.registry import Registry
@@ -62,10 +63,6 @@ class TransferNotify:
         self.name, self.msg = name, msg
 
 
-def _ints(*lists: Any) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) for xs in lists for v in xs)
-
-
 class TransferEngine:
     """upstream 0.3.13's TransferEngine: raw addresses, batches, integer codes."""
 
@@ -78,10 +75,12 @@ class TransferEngine:
         self._finalizer: weakref.finalize | None = None
 
     # -- setup ---------------------------------------------------------------------------------
+    @checked("str", "str", "str", "str")
     def initialize(self, local_hostname: str, metadata_server: str, protocol: str,
                    device_name: str) -> int:
         return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "")
 
+    @checked("str", "str", "str", "str", "str")
     def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str,
                        device_name: str, metadata_type: str) -> int:
         """0, or -1 (logged) for bad arguments or an engine that cannot start."""
@@ -118,6 +117,7 @@ class TransferEngine:
         takes); upstream returns its C++ engine here."""
         return self._engine
 
+    @checked("str?")
     def get_local_topology(self, device_name: str | None = None) -> str:
         """upstream's topology JSON: host memory only, no RDMA NIC matched to it."""
         return json.dumps({"cpu:0": [[], []]}, indent="\t")
@@ -126,15 +126,16 @@ class TransferEngine:
         return []
 
     # -- memory --------------------------------------------------------------------------------
+    @checked("u64", "u64", "str")
     def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
         return self.batch_register_memory([buffer_addr], [capacity], location)
 
+    @checked("[u64]", "[u64]", "str")
     def batch_register_memory(self, buffer_addresses: Ptrs, capacities: Sequence[int],
                               location: str = "*") -> int:
         """0; -1 for bad arguments, -7 when a buffer overlaps one registered (the ones
         before it in the list stay registered, as upstream's)."""
-        if self._engine is None or len(buffer_addresses) != len(capacities) or \
-                not _ints(buffer_addresses, capacities):
+        if self._engine is None or len(buffer_addresses) != len(capacities):
             return INVALID
         if location not in ("*", "") and not location.startswith("cpu"):
             log.error("register_memory: %s memory by address is not supported here "
@@ -149,9 +150,11 @@ class TransferEngine:
             self._regions[addr] = region
         return 0
 
+    @checked("u64")
     def unregister_memory(self, buffer_addr: int) -> int:
         return self.batch_unregister_memory([buffer_addr])
 
+    @checked("[u64]")
     def batch_unregister_memory(self, buffer_addresses: Ptrs) -> int:
         """0; -3 for an address that is not the start of a registered buffer (the others
         are unregistered all the same)."""
@@ -166,20 +169,22 @@ class TransferEngine:
             self._engine.unregister(region)
         return code
 
+    @checked("u64")
     def allocate_managed_buffer(self, length: int) -> int:
         """The address of `length` fresh registered bytes (shared memory, so a same-host peer
         maps them), or 0."""
-        if self._engine is None or not isinstance(length, int) or not 0 < length < 1 << 48:
+        if self._engine is None or not 0 < length < 1 << 48:
             return 0
         try:
             region = self._engine.allocate(length)
-        except MooncakeError as e:
+        except (MooncakeError, OSError) as e:
             log.error("allocate_managed_buffer: %s", e)
             return 0
         self._regions[region.base] = region
         self._managed.add(region.base)
         return region.base
 
+    @checked("u64", "u64")
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
         if self._engine is None or buffer_addr not in self._managed:
             return INVALID
@@ -189,18 +194,20 @@ class TransferEngine:
 
     def _local(self, addr: int, length: int) -> tuple[Region, int] | None:
         """The registered region holding [addr, addr+length), and the offset in it."""
-        if self._engine is None or not _ints([addr, length]) or length < 0:
+        if self._engine is None:
             return None
         try:
             return self._engine.segment.locate(addr, length)
         except MooncakeError:
             return None
 
+    @checked("u64", "bytes", "u64")
     def write_bytes_to_buffer(self, dest_address: int, src: bytes, length: int) -> int:
         """Copy `length` bytes of `src` into registered memory at `dest_address`; -1 when it
         is not registered memory or `src` is shorter."""
         found = self._local(dest_address, length)
-        if found is None or not isinstance(src, bytes | bytearray) or len(src) < length:
+        src = src.encode() if isinstance(src, str) else src
+        if found is None or len(src) < length:
             return INVALID
         region, start = found
         view = region.sink(start, length)
@@ -208,11 +215,13 @@ class TransferEngine:
         region.commit(start, view)
         return 0
 
+    @checked("u64", "u64")
     def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes:
         """`length` bytes of registered memory at `source_address`; b"" when they are not."""
         found = self._local(source_address, length)
         return b"" if found is None else bytes(found[0].load(found[1], length))
 
+    @checked("str")
     def get_first_buffer_address(self, segment_name: str) -> int:
         """The address of the first buffer segment `segment_name` registered; 0 if none."""
         if self._engine is None:
@@ -225,6 +234,7 @@ class TransferEngine:
             return 0
         return min((r.base for r in desc.regions), default=0)
 
+    @checked("str")
     def send_probe(self, peer_server_name: str) -> int:
         """0 when the peer answers (and its descriptor is read), else -1."""
         if self._engine is None:
@@ -243,14 +253,14 @@ class TransferEngine:
             if notify is not None:
                 log.error("transfer: notifications are not supported by this engine")
             return None
-        if not len(buffers) == len(peers) == len(lengths) or not _ints(buffers, peers, lengths):
+        if not len(buffers) == len(peers) == len(lengths):
             log.error("transfer: buffers, peer_buffer_addresses and lengths have different "
-                      "sizes or are not integers")
+                      "sizes")
             return None
         requests = []
         for buf, peer, n in zip(buffers, peers, lengths, strict=True):
             found = self._local(buf, n)
-            if found is None or peer < 0:
+            if found is None:
                 log.error("transfer: [%#x, +%d) is not inside one registered buffer of this "
                           "engine", buf, n)
                 return None
@@ -271,20 +281,24 @@ class TransferEngine:
             return INVALID
         return 0
 
+    @checked("str", "u64", "u64", "u64", "opcode", "notify", "str")
     def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                       length: int, opcode: TransferOpcode, notify: Any = None,
                       transport_hint: str = "") -> int:
         return self.batch_transfer_sync(target_hostname, [buffer], [peer_buffer_address],
                                         [length], opcode, notify, transport_hint)
 
+    @checked("str", "u64", "u64", "u64", "str")
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                             length: int, transport_hint: str = "") -> int:
         return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length, Write)
 
+    @checked("str", "u64", "u64", "u64", "str")
     def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                            length: int, transport_hint: str = "") -> int:
         return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length, Read)
 
+    @checked("str", "[u64]", "[u64]", "[u64]", "opcode", "notify", "str")
     def batch_transfer_sync(self, target_hostname: str, buffers: Ptrs,
                             peer_buffer_addresses: Ptrs, lengths: Sequence[int],
                             opcode: TransferOpcode, notify: Any = None,
@@ -293,18 +307,21 @@ class TransferEngine:
         return self._wait(self._submit(target_hostname, buffers, peer_buffer_addresses,
                                        lengths, _op(opcode), notify))
 
+    @checked("str", "[u64]", "[u64]", "[u64]", "str")
     def batch_transfer_sync_write(self, target_hostname: str, buffers: Ptrs,
                                   peer_buffer_addresses: Ptrs, lengths: Sequence[int],
                                   transport_hint: str = "") -> int:
         return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses,
                                         lengths, Write)
 
+    @checked("str", "[u64]", "[u64]", "[u64]", "str")
     def batch_transfer_sync_read(self, target_hostname: str, buffers: Ptrs,
                                  peer_buffer_addresses: Ptrs, lengths: Sequence[int],
                                  transport_hint: str = "") -> int:
         return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses,
                                         lengths, Read)
 
+    @checked("str", "[u64]", "[u64]", "[u64]", "opcode", "str")
     def batch_transfer_async(self, target_hostname: str, buffers: Ptrs,
                              peer_buffer_addresses: Ptrs, lengths: Sequence[int],
                              opcode: TransferOpcode, transport_hint: str = "") -> int:
@@ -317,34 +334,38 @@ class TransferEngine:
         self._batches[bid] = batch
         return bid
 
+    @checked("str", "[u64]", "[u64]", "[u64]", "str")
     def batch_transfer_async_write(self, target_hostname: str, buffers: Ptrs,
                                    peer_buffer_addresses: Ptrs, lengths: Sequence[int],
                                    transport_hint: str = "") -> int:
         return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses,
                                          lengths, Write)
 
+    @checked("str", "[u64]", "[u64]", "[u64]", "str")
     def batch_transfer_async_read(self, target_hostname: str, buffers: Ptrs,
                                   peer_buffer_addresses: Ptrs, lengths: Sequence[int],
                                   transport_hint: str = "") -> int:
         return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses,
                                          lengths, Read)
 
+    @checked("str", "u64", "u64", "u64", "str")
     def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                               length: int, transport_hint: str = "") -> int:
         return self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address],
                                          [length], Write)
 
+    @checked("[u64]")
     def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
         """Wait for every batch: 0 when all moved, -1 when one failed or is unknown (each is
         forgotten afterwards)."""
-        codes = [self._wait(self._batches.pop(b, None) if isinstance(b, int) else None)
-                 for b in batch_ids]
+        codes = [self._wait(self._batches.pop(b, None)) for b in batch_ids]
         return INVALID if any(codes) else 0
 
+    @checked("u64")
     def transfer_check_status(self, batch_id: int) -> int:
         """1 completed, 0 still running, -1 failed or unknown (a finished batch is forgotten,
         as upstream frees it)."""
-        batch = self._batches.get(batch_id) if isinstance(batch_id, int) else None
+        batch = self._batches.get(batch_id)
         if batch is None:
             return INVALID
         if not batch.done:
