@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
@@ -73,3 +74,38 @@ def fetch(
             raise ConfigError(str(e)) from None
     out.emit({"name": name, "path": str(path), "cached": True},
              lambda c: c.print(f"{name}: {path}"))
+
+
+@app.command("export")
+def export(
+    ctx: typer.Context,
+    model: str = typer.Argument(..., metavar="MODEL",
+                                help="A named model (see `mooncake models`) or a .gguf file."),
+    hf: str = typer.Option(..., "--hf", metavar="DIR",
+                           help="The Hugging Face model folder to write (new or empty)."),
+    dtype: str = typer.Option("bfloat16", "--dtype", metavar="DTYPE",
+                              help="Weight dtype: bfloat16, float32 or float16."),
+    force: bool = typer.Option(False, "--force",
+                               help="Replace DIR if it is a model folder (an earlier export)."),
+) -> None:
+    """Write a model as a Hugging Face folder (config.json, safetensors, tokenizer with its chat
+    template, generation_config.json) that transformers and vLLM load; fetched first if needed.
+    DIR appears only when complete: a failed or interrupted export leaves it as it was."""
+    from mooncake_cli.engine.export import export_hf
+
+    out: Out = ctx.obj
+    old = signal.signal(signal.SIGTERM, _interrupt)  # cleaned up like Ctrl-C
+    try:
+        info = export_hf(model, Path(hf), dtype=dtype, force=force,
+                         progress=lambda msg: out.err.print(msg, markup=False, soft_wrap=True))
+    except ModelError as e:
+        raise ConfigError(str(e)) from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    out.emit(info.as_dict(), lambda c: c.print(
+        f"{model}: {info.path} ({info.dtype}, {info.size / 2**20:.0f} MiB: "
+        f"{', '.join(info.files)})", markup=False, soft_wrap=True))
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
