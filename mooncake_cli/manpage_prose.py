@@ -195,6 +195,26 @@ PROSE: dict[str, dict[str, Any]] = {
              "http://127.0.0.1:8000"),
         ],
     },
+    "models": {
+        "description": [
+            "Named models are real checkpoints (GGUF files) fetched into the cache on first "
+            "use; the demos are random models built in. Every command that takes --model takes "
+            "a named model, a demo, a .gguf file or a Hugging Face folder.",
+            "models export writes a named model or a .gguf file as a Hugging Face folder "
+            "(config.json, model.safetensors, the tokenizer with its chat template, "
+            "generation_config.json) for transformers and vLLM: its weights are exactly what "
+            "this engine dequantizes. DIR appears only when complete, so a failed or "
+            "interrupted export leaves it as it was; --force replaces only a folder holding "
+            "a config.json.",
+        ],
+        "examples": [
+            ("SmolLM2-135M as a bfloat16 Hugging Face folder (then: vllm serve ./smollm2):",
+             "mooncake models export smollm2-135m --hf ./smollm2"),
+            ("As float32, replacing an earlier export, with the result as JSON:",
+             "mooncake --json models export smollm2-135m --hf ./smollm2 --dtype float32 "
+             "--force"),
+        ],
+    },
     "plugins": {
         "description": [
             "Transports (entry-point group mooncake.transports) and memory tiers "
