@@ -43,6 +43,7 @@ from mooncake_cli.compat.types import (
     BufferHandle,
     DiskDescriptor,
     MemoryDescriptor,
+    ObjectDataType,
     ReplicaDescriptor,
     ReplicaStatus,
     ReplicateConfig,
@@ -56,9 +57,9 @@ from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ReplicaStatus",
-           "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor", "BufferDescriptor",
-           "BufferHandle", "TaskStatus", "TaskType", "QueryTaskResponse"]
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ObjectDataType",
+           "ReplicaStatus", "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor",
+           "BufferDescriptor", "BufferHandle", "TaskStatus", "TaskType", "QueryTaskResponse"]
 log = logging.getLogger("mooncake.compat")
 T = TypeVar("T")
 

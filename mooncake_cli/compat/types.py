@@ -6,22 +6,27 @@ ReplicateConfig has upstream 0.3.x's attributes (set after construction): `repli
 (None or 0: the master's default), `preferred_segment` and `preferred_segments` (tried in order);
 `with_soft_pin` (upstream <= 0.3.6) is the same switch as `soft_pin_action`. The placement
 attributes of upstream's NoF/DFS tiers (`nof_replica_num`, `dfs_replica_num`,
-`preferred_nof_segments`, `prefer_alloc_in_same_node`, `group_ids`, `data_type`) are kept and
-shown, and have no effect here.
+`preferred_nof_segments`, `prefer_alloc_in_same_node`, `group_ids` (None or a list of str),
+`data_type` (an ObjectDataType)) are kept and shown, and have no effect here. As upstream's
+pybind11 class, a value of the wrong type raises TypeError when it is set (pyconv.py), and no
+other attribute can be set.
 """
 
 from __future__ import annotations
 
 import ctypes
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_cli.compat import pyconv
 from mooncake_cli.store import records
 from mooncake_cli.store.errors import ErrorCode, StoreError
 
-__all__ = ["SoftPinAction", "ReplicateConfig", "ReplicaStatus", "BufferHandle",
-           "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor", "BufferDescriptor"]
+__all__ = ["SoftPinAction", "ObjectDataType", "ReplicateConfig", "ReplicaStatus",
+           "BufferHandle", "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor",
+           "BufferDescriptor"]
 
 
 class SoftPinAction(enum.IntEnum):
@@ -39,40 +44,75 @@ class ReplicaStatus(enum.IntEnum):
     FAILED = 5
 
 
+class ObjectDataType(enum.IntEnum):
+    """What an object holds (upstream's placement hint; no effect here)."""
+
+    UNKNOWN = 0
+    KVCACHE = 1
+    TENSOR = 2
+    WEIGHT = 3
+    SAMPLE = 4
+    ACTIVATION = 5
+    GRADIENT = 6
+    OPTIMIZER_STATE = 7
+    METADATA = 8
+    GENERAL = 9
+
+
+class _Field:
+    """One of ReplicateConfig's typed attributes: set through `convert` (pyconv.py), so a value
+    of the wrong type raises TypeError as upstream's pybind11 setter does."""
+
+    def __init__(self, convert: Callable[[Any], Any], default: Callable[[], Any]) -> None:
+        self.convert, self.default = convert, default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else obj._values[self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj._values[self.name] = self.convert(value)
+
+    def __delete__(self, obj: Any) -> None:
+        raise AttributeError(f"{self.name} cannot be deleted")
+
+
 class ReplicateConfig:
-    """Upstream's mutable placement config."""
+    """Upstream's mutable placement config: its attributes only, each of its type."""
+
+    __slots__ = ("_values",)
+    replica_num = _Field(pyconv.as_u64, lambda: 1)
+    with_hard_pin = _Field(pyconv.as_bool, lambda: False)
+    soft_pin_action = _Field(pyconv.as_enum(SoftPinAction), lambda: SoftPinAction.PRESERVE)
+    soft_pin_ttl_ms = _Field(pyconv.as_optional_u64, lambda: None)
+    preferred_segment = _Field(pyconv.as_str, lambda: "")
+    preferred_segments = _Field(pyconv.as_str_list, list)
+    nof_replica_num = _Field(pyconv.as_u64, lambda: 0)
+    dfs_replica_num = _Field(pyconv.as_u64, lambda: 0)
+    preferred_nof_segments = _Field(pyconv.as_str_list, list)
+    prefer_alloc_in_same_node = _Field(pyconv.as_bool, lambda: False)
+    group_ids = _Field(pyconv.as_optional_str_list, lambda: None)
+    data_type = _Field(pyconv.as_enum(ObjectDataType), lambda: ObjectDataType.UNKNOWN)
 
     def __init__(self) -> None:
-        self.replica_num = 1
-        self.with_hard_pin = False
-        self.soft_pin_action = SoftPinAction.PRESERVE
-        self.soft_pin_ttl_ms: int | None = None
-        self.preferred_segment = ""
-        self.preferred_segments: list[str] = []
-        self.nof_replica_num = 0
-        self.dfs_replica_num = 0
-        self.preferred_nof_segments: list[str] = []
-        self.prefer_alloc_in_same_node = False
-        self.group_ids: list[int] | None = None
-        self.data_type = 0
+        self._values = {k: f.default() for k, f in vars(ReplicateConfig).items()
+                        if isinstance(f, _Field)}
 
     @property
     def with_soft_pin(self) -> bool:
         return SoftPinAction(self.soft_pin_action) is SoftPinAction.ENABLE
 
     @with_soft_pin.setter
-    def with_soft_pin(self, on: bool) -> None:
+    def with_soft_pin(self, on: Any) -> None:
+        on = pyconv.as_bool(on)
         self.soft_pin_action = SoftPinAction.ENABLE if on else SoftPinAction.DISABLE
 
     def _native(self) -> records.ReplicateConfig:
-        ttl = self.soft_pin_ttl_ms
-        if ttl is not None and (not isinstance(ttl, int) or ttl < 0):
-            raise StoreError(f"soft_pin_ttl_ms must be an integer >= 0, not {ttl!r}",
-                             ErrorCode.INVALID_PARAMS)
-        segs = [str(s) for s in self.preferred_segments or []]
         return records.ReplicateConfig(
-            int(self.replica_num), str(self.preferred_segment or ""), self.with_soft_pin,
-            bool(self.with_hard_pin), tuple(segs), (ttl or 0) / 1000)
+            self.replica_num, self.preferred_segment, self.with_soft_pin, self.with_hard_pin,
+            tuple(self.preferred_segments), (self.soft_pin_ttl_ms or 0) / 1000)
 
     def __str__(self) -> str:
         ttl = "default" if self.soft_pin_ttl_ms is None else self.soft_pin_ttl_ms
@@ -80,10 +120,12 @@ class ReplicateConfig:
         return (f"ReplicateConfig: {{ replica_num: {self.replica_num}, nof_replica_num: "
                 f"{self.nof_replica_num}, dfs_replica_num: {self.dfs_replica_num}, "
                 f"soft_pin_action: {SoftPinAction(self.soft_pin_action).name}, "
-                f"soft_pin_ttl_ms: {ttl}, with_hard_pin: {int(bool(self.with_hard_pin))}, "
+                f"soft_pin_ttl_ms: {ttl}, with_hard_pin: {int(self.with_hard_pin)}, "
                 f"preferred_segments: [{segs}], preferred_nof_segments: "
                 f"[{', '.join(self.preferred_nof_segments)}], prefer_alloc_in_same_node: "
-                f"{int(bool(self.prefer_alloc_in_same_node))} }}")
+                f"{int(self.prefer_alloc_in_same_node)}, data_type: {self.data_type.name}"
+                + ("" if self.group_ids is None else f", group_ids: [{', '.join(self.group_ids)}]")
+                + " }")
 
 
 def native(config: Any) -> records.ReplicateConfig | None:
