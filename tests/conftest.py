@@ -184,7 +184,8 @@ class Target:
 
 
 def start_target(buffer_size: int, metadata: str | None = None, secret: str | None = None,
-                 name: str | None = None, env: dict[str, str] | None = None) -> Target:
+                 name: str | None = None, env: dict[str, str] | None = None,
+                 private: bool = False) -> Target:
     """Start `python -m mooncake_cli --json transfer serve` and wait for its ready line."""
     cmd = [sys.executable, "-m", "mooncake_cli", "--json", "transfer", "serve",
            "--buffer-size", str(buffer_size)]
@@ -194,6 +195,8 @@ def start_target(buffer_size: int, metadata: str | None = None, secret: str | No
         cmd += ["--secret", secret]
     if name:
         cmd += ["--name", name]
+    if private:
+        cmd += ["--private"]
     errlog = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, cwd=REPO,
                             env=child_env(**(env or {})))

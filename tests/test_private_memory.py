@@ -1,6 +1,7 @@
 """Private memory: the dram tier's unshared buffers are private mappings (so transparent huge
 pages can back them, which makes nixl's cma copies 2-4x faster), and `transfer serve --private`
-serves such a buffer, reachable over tcp (or nixl) but never mapped by a peer over shm."""
+serves such a buffer, never mapped by a peer: same-host peers copy into it by the kernel (shm's
+cross-memory copies), others over tcp (or nixl)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_an_unshared_buffer_is_private_and_may_take_huge_pages() -> None:
         shared.close()
 
 
-def test_serve_private_is_reached_over_tcp_not_shm(spawn: Callable[..., Child],  # noqa: F811
+def test_serve_private_is_reached_by_kernel_copies(spawn: Callable[..., Child],  # noqa: F811
                                                    tmp_path: Path) -> None:
     ready = spawn("--json", "transfer", "serve", "--buffer-size", "1MiB", "--private").json()
     seg, src, out = ready["segment"], tmp_path / "in.bin", tmp_path / "out.bin"
@@ -61,9 +62,9 @@ def test_serve_private_is_reached_over_tcp_not_shm(spawn: Callable[..., Child], 
     src.write_bytes(data)
     r = mooncake("--json", "transfer", "write", "--target", seg, str(src))
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["transport"] == "tcp"  # same host, but nothing to map
+    assert json.loads(r.stdout)["transport"] == "shm"  # nothing to map: cross-memory copies
     r = mooncake("transfer", "read", "--target", seg, "--length", str(len(data)), "-o", str(out))
     assert r.exit_code == 0, r.output
     assert out.read_bytes() == data
-    assert_error(mooncake("transfer", "write", "--target", seg, "--transport", "shm", str(src)),
-                 5)
+    r = mooncake("--json", "transfer", "write", "--target", seg, "--transport", "tcp", str(src))
+    assert r.exit_code == 0 and json.loads(r.stdout)["transport"] == "tcp", r.output

@@ -5,8 +5,10 @@ A peer's shm-backed regions (memfds from a tier with `shared=True`: no file anyo
 by name) are mapped on first use from descriptors the peer hands over its lane (lane.py), to
 callers that proved its secret; requests are bounds-checked against the peer's descriptor
 before any copy, each checks the region's alive page and, every ALIVE_EVERY seconds, that the
-peer process lives. Requests that fall in a region that is not shm-backed, and writes that
-carry a capability, go over a TCP connection instead.
+peer process lives. A same-host peer's private host memory (registered buffers that are not
+memfds) is copied in and out by the kernel (cma.py: process_vm_writev/readv, behind the same
+lane, an alive page per region and a pidfd). Requests the kernel does not allow that way, and
+writes that carry a capability, go over a TCP connection instead.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import mmap
 import os
 import socket
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from mooncake_backends.shm.cma import Cma, CmaRefused, address
 from mooncake_backends.shm.lane import FdLane, Shared, fetch, guard_process
 
 from mooncake_cli.interfaces import EngineSide, RegionInfo, SegmentDescriptor, TransferError
@@ -39,6 +43,8 @@ class ShmChannel:
         self._checked = 0.0  # when the peer process was last seen alive
         self._mms: list[mmap.mmap] = []
         self._tcp: TargetClient | None = None
+        self._cma: Cma | None = None
+        self._cma_refused = ""  # why the kernel refused a cross-memory copy (then: tcp)
         if peer.auth:  # prove the secret before touching the peer's memory
             self._tcp = TargetClient(peer.host, peer.port, secret, timeout)
 
@@ -57,23 +63,40 @@ class ShmChannel:
             pass
         self._checked = now
 
-    def _current(self, r: RegionInfo) -> None:
+    def _current(self, key: str, base: int) -> None:
         """The peer clears a region's alive page when it unregisters it: our mapping would
-        outlive it and writes would land in memory nobody reads."""
-        if self._pages[r.shm or ""][0] != 1:
-            self._maps.pop(r.shm or "", None)
-            self._pages.pop(r.shm or "").close()
-            raise TransferError(f"{self.peer.name}: region at offset {r.base} is no longer "
+        outlive it and writes would land in memory nobody reads (or, for private memory,
+        memory the peer may have freed)."""
+        if self._pages[key][0] != 1:
+            self._maps.pop(key, None)
+            self._pages.pop(key).close()
+            raise TransferError(f"{self.peer.name}: region at offset {base} is no longer "
                                 "registered")
+
+    def _alive_page(self, key: str) -> None:
+        """Fetch and map the alive page of the peer's private region `key` (once)."""
+        if key in self._pages:
+            return
+        fd, alive_fd = fetch(self._lane(), key, self._secret, self._timeout)
+        try:
+            self._pages[key] = mmap.mmap(alive_fd, mmap.PAGESIZE)
+        except OSError as e:
+            raise TransferError(f"cannot map the alive page of '{self.peer.name}': {e}") from e
+        finally:
+            os.close(fd)
+            os.close(alive_fd)
+
+    def _lane(self) -> str:
+        lane = self.peer.extra.get("shm.lane", "")
+        if not lane:
+            raise TransferError(f"'{self.peer.name}' publishes no shm lane")
+        return lane
 
     def _mapped(self, r: RegionInfo) -> memoryview:
         assert r.shm is not None
         mv = self._maps.get(r.shm)
         if mv is None:
-            lane = self.peer.extra.get("shm.lane", "")
-            if not lane:
-                raise TransferError(f"'{self.peer.name}' publishes no shm lane")
-            fd, alive_fd = fetch(lane, r.shm, self._secret, self._timeout)
+            fd, alive_fd = fetch(self._lane(), r.shm, self._secret, self._timeout)
             try:
                 mm = mmap.mmap(fd, 0)
                 alive = mmap.mmap(alive_fd, mmap.PAGESIZE)
@@ -94,7 +117,7 @@ class ShmChannel:
             mv = self._maps[r.shm] = memoryview(mm)[:r.length]
         return mv
 
-    def _locate(self, off: int, n: int) -> tuple[memoryview | None, int]:
+    def _region(self, off: int, n: int) -> RegionInfo:
         r = self.peer.region_for(off, n)
         if r is None:  # the peer may have registered memory since: ask it for a fresh descriptor
             self.peer = SegmentDescriptor.from_json(self._fallback().describe())
@@ -102,11 +125,50 @@ class ShmChannel:
         if r is None:
             raise TransferError(f"{self.peer.name}: out of bounds: [{off}, {off + n}) is not "
                                 "inside one registered region")
+        return r
+
+    def _locate(self, off: int, n: int) -> tuple[memoryview | None, int]:
+        r = self._region(off, n)
         if r.shm is None:
             return None, 0
         mv = self._mapped(r)
-        self._current(r)
+        self._current(r.shm, r.base)
         return mv, off - r.base
+
+    def _private(self, off: int, n: int) -> int | None:
+        """The peer's virtual address of [off, off+n) when it is private memory that the kernel
+        lets us copy (checked current), else None (then: tcp)."""
+        r = self._region(off, n)
+        key, va = r.extra.get("shm.cma"), r.extra.get("shm.va")
+        if self._cma_refused or not key or not va:
+            return None
+        self._alive_page(key)
+        if self._pages[key][0] != 1:  # unregistered or guarded since: what is it now?
+            self._pages.pop(key).close()
+            self.peer = SegmentDescriptor.from_json(self._fallback().describe())
+            r = self._region(off, n)
+            key, va = r.extra.get("shm.cma"), r.extra.get("shm.va")
+            if not key or not va:
+                return None
+            self._alive_page(key)
+            self._current(key, r.base)
+        if self._cma is None:
+            self._cma = Cma(self.peer.pid, self.peer.name)
+        return int(va) + off - r.base
+
+    def _kernel_copy(self, write: bool, remote_offset: int, local: memoryview) -> bool:
+        """Copy by cma when the region is private and allowed; False to use tcp instead."""
+        va = self._private(remote_offset, len(local))
+        if va is None:
+            return False
+        assert self._cma is not None
+        try:
+            (self._cma.write if write else self._cma.read)(va, local)
+        except CmaRefused as e:
+            self._cma_refused = str(e)
+            log.info("%s: %s: using tcp for its private memory", self.peer.name, e)
+            return False
+        return True
 
     def _fallback(self) -> TargetClient:
         if self._tcp is None or self._tcp.broken:
@@ -117,7 +179,9 @@ class ShmChannel:
         self._alive()
         mv, start = self._locate(remote_offset, len(dst))
         if mv is None:
-            return self._fallback().read(remote_offset, dst)
+            if not self._kernel_copy(False, remote_offset, dst):
+                self._fallback().read(remote_offset, dst)
+            return
         dst[:] = mv[start:start + len(dst)]
 
     def view(self, remote_offset: int, n: int) -> memoryview | None:
@@ -129,8 +193,12 @@ class ShmChannel:
     def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
         self._alive()
         mv, start = self._locate(remote_offset, len(src))
-        if mv is None or cap is not None:  # a capability is checked by the peer's listener
+        if cap is not None:  # a capability is checked by the peer's listener
             return self._fallback().write(remote_offset, src, cap)
+        if mv is None:
+            if not self._kernel_copy(True, remote_offset, src):
+                self._fallback().write(remote_offset, src, cap)
+            return
         mv[start:start + len(src)] = src
 
     def close(self) -> None:
@@ -148,6 +216,8 @@ class ShmChannel:
         self._pages.clear()
         if self._tcp is not None:
             self._tcp.close()
+        if self._cma is not None:
+            self._cma.close()
 
 
 class ShmTransport:
@@ -169,20 +239,24 @@ class ShmTransport:
     def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> tuple[bool, str]:
         if peer.boot_id != local.boot_id or not peer.boot_id:
             return False, "another host"
-        if not peer.extra.get("shm.lane") or not any(r.shm for r in peer.regions):
-            return False, "same host, but no shm-backed region"
+        if not peer.extra.get("shm.lane") or \
+                not any(r.shm or r.extra.get("shm.cma") for r in peer.regions):
+            return False, "same host, but no shm-backed or private host region"
         if not os.path.exists(f"/proc/{peer.pid}"):
             return False, f"same host, but its process {peer.pid} is gone"
+        if not any(r.shm for r in peer.regions):
+            return True, "same host, private memory (cross-memory copies)"
         return True, "same host, shm-backed regions"
 
     def attach(self, engine: EngineSide) -> ShmEndpoint:
-        return ShmEndpoint(engine.secret)
+        return ShmEndpoint(engine.secret, engine.grants)
 
 
 class ShmEndpoint:
     """Shares each shm-backed region's memfd over the lane and publishes its name."""
 
-    def __init__(self, secret: str | None) -> None:
+    def __init__(self, secret: str | None, grants: Any = None) -> None:
+        self._grants = grants  # guarded regions get no cross-memory copies (capabilities)
         self._shared: dict[str, Shared] = {}
         self._lane = FdLane(self._shared, secret)
         if secret and not guard_process():
@@ -192,13 +266,30 @@ class ShmEndpoint:
     def register(self, region: Any) -> Mapping[str, str]:
         name = getattr(region, "shm", None)
         fd = getattr(getattr(region, "keep", None), "fd", None)
-        if not name or fd is None:
+        if name and fd is not None:
+            self._shared[name] = Shared(fd)
+            return {"shm": name}
+        view = getattr(region, "view", None)
+        if view is None:  # device memory: no host address to copy at
             return {}
-        self._shared[name] = Shared(fd)
-        return {"shm": name}
+        if self._grants is not None and self._grants.guarded(region.base, region.length):
+            return {}  # writes into it must show a capability to the tcp listener
+        key = f"cma-{uuid.uuid4().hex}"  # private memory: its alive page, by this name
+        self._shared[key] = Shared(None)
+        return {"shm.cma": key, "shm.va": str(address(view))}
+
+    def withdraw(self, region: Any) -> None:
+        """No more cross-memory copies into `region` (guarded since): its alive page is
+        cleared, so peers look again and use tcp."""
+        key = region.extra.pop("shm.cma", None)
+        region.extra.pop("shm.va", None)
+        shared = self._shared.pop(key or "", None)
+        if shared is not None:
+            shared.retire()
 
     def unregister(self, region: Any) -> None:
-        shared = self._shared.pop(getattr(region, "shm", None) or "", None)
+        key = getattr(region, "shm", None) or getattr(region, "extra", {}).get("shm.cma")
+        shared = self._shared.pop(key or "", None)
         if shared is not None:
             shared.retire()
 

@@ -49,9 +49,10 @@ def guard_process() -> bool:
 
 
 class Shared:
-    """A registered region's descriptors: its memory and its alive page."""
+    """A registered region's descriptors: its memory and its alive page (`fd` None: private
+    memory, reached by cma.py; the lane then sends the alive page twice)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int | None) -> None:
         self.fd = fd
         self.alive_fd = os.memfd_create("mooncake-alive", os.MFD_CLOEXEC)
         os.ftruncate(self.alive_fd, mmap.PAGESIZE)
@@ -101,7 +102,8 @@ class FdLane:
                 if shared is None:
                     conn.sendall(b"\x01")
                 else:
-                    socket.send_fds(conn, [b"\x00"], [shared.fd, shared.alive_fd])
+                    memory = shared.alive_fd if shared.fd is None else shared.fd
+                    socket.send_fds(conn, [b"\x00"], [memory, shared.alive_fd])
                 self._served.release(entry)
         except (OSError, ConnectionError) as e:
             log.debug("shm lane connection ends: %s", e)

@@ -113,6 +113,13 @@ class Endpoints:
                     log.exception("unregistering after a failed register")
             raise
 
+    def withdraw(self, region: Any) -> None:
+        """`region` is now guarded: endpoints that offer unchecked writes to it stop (those
+        with a `withdraw`: shm's cross-memory copies)."""
+        for ep in self.by_name.values():
+            if hasattr(ep, "withdraw"):
+                ep.withdraw(region)
+
     def unregister(self, region: Any) -> None:
         for ep in self.by_name.values():
             try:

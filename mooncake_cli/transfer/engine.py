@@ -87,13 +87,16 @@ class TransferEngine:
         self._closed = False
 
     # -- memory -------------------------------------------------------------------------------
-    def register(self, obj: Any, location: str | None = None) -> Region:
+    def register(self, obj: Any, location: str | None = None, guarded: bool = False) -> Region:
         """Register a writable buffer (bytearray, numpy array, tensor, mmap) as a region; every
-        transport registers it too (NIXL pins it, shm publishes its name)."""
+        transport registers it too (NIXL pins it, shm publishes its name). `guarded`: as
+        `guard`, from the start (no transport ever offers it to unchecked writes)."""
         try:
             region = self.segment.register(obj, location)
         except ValueError as e:
             raise TransferError(f"cannot register memory: {e}") from e
+        if guarded:
+            self.grants.guard(region.base, region.length)
         self._attach(region)
         return region
 
@@ -125,8 +128,11 @@ class TransferEngine:
 
     def guard(self, region: Region) -> None:
         """Peers' WRITEs into `region` need a capability from `grants.issue` (checked by the
-        listener for every write; one-sided transports such as nixl do not check it)."""
+        listener for every write; shm withdraws its cross-memory copies of it; one-sided
+        transports such as nixl do not check it)."""
         self.grants.guard(region.base, region.length)
+        self.endpoints.withdraw(region)
+        self._republish()
 
     def unregister(self, region: Region) -> None:
         self.grants.unguard(region.base)

@@ -99,9 +99,10 @@ class WorkerRuntime:
             tc = dataclasses.replace(tc, host=host, advertise=tc.advertise or cfg.advertise,
                                      name="" if p2p else (tc.name or self.name))
             self.engine = TransferEngine(tc, registry or Registry.from_env())
-            self.pool_region = self.engine.register(self.cache.pool)
-            if self.role == "decode":  # prefill writes KV there only with a reservation's
-                self.engine.guard(self.pool_region)  # capability (worker/kvgrant.py)
+            # decode: prefill writes KV there only with a reservation's capability
+            # (worker/kvgrant.py)
+            self.pool_region = self.engine.register(self.cache.pool,
+                                                    guarded=self.role == "decode")
             self.engine.set_audit(self.audit)  # refused accesses and transfers, too
             if cfg.uses_store:
                 self.store = StoreClient(cfg.store, self.engine, cfg.segment_size,
