@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-
 from mooncake_backends.shm.cma import Cma
+
 from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer.batch import Op
 from tests.conftest import Target, child_env
