@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.test_compat_upstream_api import Side, make, side
+from tests.test_compat_upstream_api import MiB, Side, make, side
 
 __all__ = ["make", "side"]  # the fixtures, imported for pytest
 pytestmark = pytest.mark.timeout(120)
@@ -138,3 +138,70 @@ def test_no_other_attribute_can_be_set_and_none_deleted(side: Side) -> None:
         "soft_pin_action: PRESERVE, soft_pin_ttl_ms: default, with_hard_pin: 0, "
         "preferred_segments: [], preferred_nof_segments: [], prefer_alloc_in_same_node: 0, "
         "data_type: UNKNOWN }")
+
+
+def _closed_answers(m: Any, s: Any, ptr: int) -> dict[str, tuple[Any, Any]]:
+    """Each method upstream answers on a store that is not set up: (the call's answer, the
+    answer expected). Upstream's other methods crash the process there, so none is called."""
+    torch = pytest.importorskip("torch")
+    t, keys, ptrs, sizes, n = torch.ones(4), ["a", "b", "c"], [ptr] * 3, [64] * 3, [-600] * 3
+    return {
+        "get": (s.get("a"), b""), "get_batch": (s.get_batch(keys), [b""]),
+        "get_batch []": (s.get_batch([]), [b""]),
+        "upsert": (s.upsert("a", b"v"), -600), "upsert_batch": (s.upsert_batch(keys, [b"v"] * 3),
+                                                                -600),
+        "upsert_parts": (s.upsert_parts("a", b"v"), -600),
+        "put_from": (s.put_from("a", ptr, 8), -600), "upsert_from": (s.upsert_from("a", ptr, 8),
+                                                                    -600),
+        "batch_upsert_from": (s.batch_upsert_from(keys, ptrs, sizes), n),
+        "put_from_with_metadata": (s.put_from_with_metadata("a", ptr, ptr, 8, 8), -600),
+        "batch_put_from_multi_buffers": (s.batch_put_from_multi_buffers(
+            keys, [[ptr]] * 3, [[8]] * 3), []),
+        "batch_put_from_multi_buffer_ranges": (s.batch_put_from_multi_buffer_ranges(
+            keys, [[ptr]] * 3, [[8]] * 3, [[0]] * 3), []),
+        "batch_get_into_multi_buffer_ranges": (s.batch_get_into_multi_buffer_ranges(
+            keys, [[ptr]] * 3, [[8]] * 3, [[0]] * 3), []),
+        "batch_put_session_start": (s.batch_put_session_start(keys, [8] * 3), []),
+        "batch_put_session_end": (s.batch_put_session_end(keys), []),
+        "batch_put_session_revoke": (s.batch_put_session_revoke(keys), []),
+        "batch_get_session_start": (s.batch_get_session_start(keys), []),
+        "batch_get_session_end": (s.batch_get_session_end(keys), -1),
+        "batch_replica_clear": (s.batch_replica_clear(keys, ""), []),
+        "put_tensor": (s.put_tensor("a", t), -600),
+        "upsert_tensor": (s.upsert_tensor("a", t), -600),
+        "pub_tensor": (s.pub_tensor("a", t), -600),
+        "upsert_pub_tensor": (s.upsert_pub_tensor("a", t), -600),
+        "batch_put_tensor": (s.batch_put_tensor(keys, [t] * 3), n),
+        "batch_upsert_tensor": (s.batch_upsert_tensor(keys, [t] * 3), n),
+        "batch_pub_tensor": (s.batch_pub_tensor(keys, [t] * 3), n),
+        "batch_upsert_pub_tensor": (s.batch_upsert_pub_tensor(keys, [t] * 3), n),
+        "put_tensor_with_tp": (s.put_tensor_with_tp("a", t, 0, 2, 0), -600),
+        "batch_put_tensor_with_tp": (s.batch_put_tensor_with_tp(keys, [t] * 3, 0, 2, 0), n),
+        "pub_tensor_with_tp": (s.pub_tensor_with_tp("a", t, m.ReplicateConfig(), 0, 2, 0), -600),
+        "batch_pub_tensor_with_tp": (s.batch_pub_tensor_with_tp(
+            keys, [t] * 3, m.ReplicateConfig(), 0, 2, 0), n),
+        "put_tensor_from": (s.put_tensor_from("a", ptr, 64), -600),
+        "batch_put_tensor_from": (s.batch_put_tensor_from(keys, ptrs, sizes), n),
+        "batch_get_tensor_into": (s.batch_get_tensor_into(keys, ptrs, sizes), n),
+        "get_tensor_into": (s.get_tensor_into("a", ptr, 64), None),
+        "get_tensor": (s.get_tensor("a"), None),
+        "batch_get_tensor": (s.batch_get_tensor(keys), [None] * 3),
+        "get_tensor_with_tp": (s.get_tensor_with_tp("a", 0, 2, 0), None),
+        "batch_get_tensor_with_tp": (s.batch_get_tensor_with_tp(keys, 0, 2), [None] * 3),
+        "save_tensor_to_safetensor": (s.save_tensor_to_safetensor("a", "/nonexistent/x"), -600),
+        "get_offload_rpc_read_count": (s.get_offload_rpc_read_count(), 0),
+        "health_check": (s.health_check(), 1), "close": (s.close(), 0),
+    }
+
+
+@pytest.mark.parametrize("state", ["closed", "never set up"])
+def test_a_store_not_set_up_answers_as_upstream(side: Side, state: str) -> None:
+    s = side.m.MooncakeDistributedStore()  # not in side.stores: its teardown would call it
+    buf = np.zeros(64, dtype=np.uint8)
+    if state == "closed":
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "",
+                       side.master) == 0
+        assert s.put("a", b"kept") == 0 and s.close() == 0
+    answers = _closed_answers(side.m, s, buf.ctypes.data)
+    assert {k: got for k, (got, _) in answers.items()} == \
+        {k: want for k, (_, want) in answers.items()}

@@ -9,11 +9,12 @@
 (`import mooncake.store` gives this module where upstream's wheel is not installed: the
 `mooncake-compat` plugin, see plugins/mooncake-compat.) As upstream: calls return 0 / a count /
 bytes read on success and a negative ErrorCode (mooncake_cli.store.errors) on failure, `get` b"",
-`get_tensor` / `get_buffer` None, `is_exist` -1; a put of a key that exists is a success (0, the
-object unchanged); `upsert*` replace it. The bytes API (`put*`, `upsert*`, `get*`) copies through
-a local buffer of `local_buffer_size` bytes: a call whose values do not fit fails with
-INVALID_PARAMS, as upstream's (0 bytes: every such call). Pointers are integer addresses (numpy
-`arr.ctypes.data`), read and written through ctypes: a bad address crashes, as upstream.
+`get_tensor` / `get_buffer` None, `is_exist` -1 (a store not set up, or closed, answers as
+upstream's: closed.py); a put of a key that exists is a success (0, the object unchanged);
+`upsert*` replace it. The bytes API (`put*`, `upsert*`, `get*`) copies through a local buffer
+of `local_buffer_size` bytes: a call whose values do not fit fails with INVALID_PARAMS, as
+upstream's (0 bytes: every such call). Pointers are integer addresses (numpy `arr.ctypes.data`),
+read and written through ctypes: a bad address crashes, as upstream.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 from mooncake_cli.compat import (
     buffers_api,
+    closed,
     safetensors_api,
     sessions,
     tasks,
@@ -348,3 +350,6 @@ class MooncakeDistributedStore:
     batch_put_tensor_with_tp_from = tensor_buffers.batch_put_tensor_with_tp_from
     get_tensor_with_tp_into = tensor_buffers.get_tensor_with_tp_into
     batch_get_tensor_with_tp_into = tensor_buffers.batch_get_tensor_with_tp_into
+
+
+closed.guard(MooncakeDistributedStore)  # upstream's answers when not set up (closed.py)
