@@ -6,12 +6,16 @@ directory that already holds a file."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.test_compat_upstream_api import MiB, Side, make, side
+from tests.conftest import free_port, wait_for
+from tests.helpers.store_procs import start_master
+from tests.test_compat_upstream_api import LEASE_S, MiB, Side, _upstream_skip, make, side
 
 __all__ = ["make", "side"]  # the fixtures, imported for pytest
 pytestmark = pytest.mark.timeout(120)
@@ -205,3 +209,67 @@ def test_a_store_not_set_up_answers_as_upstream(side: Side, state: str) -> None:
     answers = _closed_answers(side.m, s, buf.ctypes.data)
     assert {k: got for k, (got, _) in answers.items()} == \
         {k: want for k, (_, want) in answers.items()}
+
+
+def test_batch_replica_clear_waits_for_the_lease_and_keeps_to_its_segment(
+        side: Side, make: Callable[..., Any]) -> None:
+    a, b = make(), make()
+    assert a.put("k", b"v" * 100) == 0 and a.get("k") == b"v" * 100  # the get leases it
+    assert a.batch_replica_clear(["k"], "") == []
+    assert a.is_exist("k") == 1
+    wait_for(lambda: a.batch_replica_clear(["k"], "") == ["k"], 10 * LEASE_S, what="the lease")
+    assert a.is_exist("k") == 0 and a.batch_replica_clear(["k", "missing", ""], "") == []
+    two = side.m.ReplicateConfig()
+    two.replica_num = 2
+    assert a.put("two", b"w" * 100, two) == 0
+    assert a.batch_replica_clear(["two"], "no-such-segment:1") == []
+    assert a.batch_replica_clear(["two"], b.get_hostname()) == ["two"]
+    assert a.batch_replica_clear(["two"], b.get_hostname()) == []  # none left there
+    assert a.get("two") == b"w" * 100  # from the replica on a: leased again
+    assert a.batch_replica_clear(["two"], a.get_hostname()) == []
+    wait_for(lambda: a.batch_replica_clear(["two"], a.get_hostname()) == ["two"], 10 * LEASE_S,
+             what="the lease")
+    assert a.is_exist("two") == 0  # its last replica went: the object is gone
+
+
+@pytest.fixture(params=["ours", "upstream"])
+def offload_master(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
+    """A master that takes SSD offload: ours as it is, upstream's with --enable_offload."""
+    if request.param == "ours":
+        from mooncake_cli.compat import store as ours
+
+        m = start_master(free_port())
+        yield ours, str(m.ready["address"])
+        m.stop()
+        return
+    why = _upstream_skip()
+    if why:
+        pytest.skip(why)
+    import mooncake.store as theirs
+
+    from mooncake_cli.bench.store_upstream import UpstreamMaster
+
+    um = UpstreamMaster("--enable_offload=true")
+    yield theirs, um.address
+    um.close()
+
+
+@pytest.mark.parametrize("size", [1000, 512 * MiB])
+def test_setup_takes_an_offload_directory_that_holds_a_file_of_another_size(
+        offload_master: tuple[Any, str], tmp_path: Path, size: int) -> None:
+    """16 MiB of segment (upstream's least with offload): a data file of 1000 bytes, and of
+    more than the SSD segment would be; neither is shrunk, and the store works."""
+    m, master = offload_master
+    with open(tmp_path / "data.bin", "wb") as f:
+        f.truncate(size)
+    (tmp_path / "other").write_bytes(b"x" * 10)
+    s = m.MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", master, None,
+                   True, str(tmp_path)) == 0
+    try:
+        assert s.put("k", b"v" * 1000) == 0 and s.get("k") == b"v" * 1000
+        assert (tmp_path / "data.bin").stat().st_size >= size
+        assert (tmp_path / "other").read_bytes() == b"x" * 10
+    finally:
+        s.remove_all(True)
+        s.close()

@@ -113,6 +113,19 @@ def metadata_url(url: str) -> str:
     return url if "://" in url else f"etcd://{url}"  # upstream: a bare HOST:PORT is etcd
 
 
+def ssd_size(args: SetupArgs) -> int:
+    """The SSD segment's size: 4 x global_segment_size, or the size of the data file already in
+    ssd_offload_path when that is bigger (upstream sets up over whatever the directory holds;
+    a smaller file is grown)."""
+    from mooncake_backends.ssd import DATA
+
+    try:
+        have = os.path.getsize(os.path.join(args.ssd_dir or "", DATA))
+    except OSError:
+        have = 0
+    return max(4 * args.segment, have)
+
+
 def master_reachable(address: str, timeout: float) -> bool:
     """A quick TCP probe of HOST:PORT (of the leader an etcd://... address publishes), so a dead
     master fails setup at once (not after RPC timeouts). ConfigError for a bad etcd address."""

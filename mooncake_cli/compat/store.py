@@ -38,7 +38,7 @@ from mooncake_cli.compat import (
 from mooncake_cli.compat.codes import BAD, NOT_READY, code_of, put_code
 from mooncake_cli.compat.fs_tier import FileTier
 from mooncake_cli.compat.persisted import PersistedClient, fs_dir_of
-from mooncake_cli.compat.session import SetupArgs, master_reachable, start_engine
+from mooncake_cli.compat.session import SetupArgs, master_reachable, ssd_size, start_engine
 from mooncake_cli.compat.tasks import QueryTaskResponse, TaskStatus, TaskType
 from mooncake_cli.compat.types import (
     BufferDescriptor,
@@ -112,7 +112,7 @@ class MooncakeDistributedStore:
             self._own_engine = a.engine is None
             self._engine = a.engine or start_engine(a, Registry.from_env(), self.timeout)
             self._client = StoreClient(a.master, self._engine, a.segment, timeout=self.timeout,
-                                       ssd_dir=a.ssd_dir, ssd_size=4 * a.segment)
+                                       ssd_dir=a.ssd_dir, ssd_size=ssd_size(a))
             fs_dir = fs_dir_of(self._client)
             if fs_dir:  # the master's root_fs_dir: objects persisted there too (persisted.py)
                 self._client = PersistedClient(self._client, FileTier(fs_dir))
