@@ -142,3 +142,22 @@ def test_the_streamed_copy_is_reported_built_or_missing_with_its_fix() -> None:
     missing = native_check(False, "No module named 'mooncake_cli.native.streamcopy'")
     assert missing.status is Status.WARN and "memmove" in missing.evidence
     assert "streamcopy" in missing.evidence and "C compiler" in missing.fix
+
+
+def test_kernel_copies_are_probed_for_real() -> None:
+    """A real child process's private memory, read as shm reads it (root or ptrace_scope 0
+    here: allowed)."""
+    from mooncake_cli.doctor.environment import kernel_copy_check, probe_kernel_copy
+
+    assert probe_kernel_copy() is None
+    c = kernel_copy_check(probe_kernel_copy, 1)
+    assert c.status is Status.OK and "process_vm_writev" in c.evidence
+
+
+def test_refused_kernel_copies_warn_with_the_fix() -> None:
+    from mooncake_cli.doctor.environment import kernel_copy_check
+
+    c = kernel_copy_check(lambda: "Operation not permitted", 1)
+    assert c.status is Status.WARN and "go over tcp" in c.evidence
+    assert "ptrace_scope=0" in (c.fix or "") and c.data == {"ptrace_scope": 1}
+    assert "same user" in (kernel_copy_check(lambda: "no", 0).fix or "")

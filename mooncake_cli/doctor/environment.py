@@ -1,12 +1,15 @@
 """Environment checks: proxies that would capture cluster traffic, what the local hostname
-resolves to, and whether the engine's port can be bound."""
+resolves to, whether the engine's port can be bound, and whether the kernel lets same-host
+processes copy into each other's private memory (shm's cross-memory copies)."""
 
 from __future__ import annotations
 
 import errno
 import ipaddress
 import socket
-from collections.abc import Mapping
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
 
 from mooncake_cli.doctor.check import Check, DoctorConfig, Status, is_loopback
 
@@ -113,7 +116,51 @@ def port_check(host: str, port: int) -> Check:
     return Check(G, "engine port", Status.OK, what, data={"host": host, "port": port})
 
 
+_HOLDER = ("import sys, numpy as n; b = n.frombuffer(b'mooncake', n.uint8).copy(); "
+           "print(b.ctypes.data, flush=True); sys.stdin.read()")
+
+
+def probe_kernel_copy() -> str | None:
+    """Read 8 bytes of a child process's private memory as shm does; None, or why not."""
+    from mooncake_backends.shm.cma import Cma
+
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        addr = int(child.stdout.readline() or 0)
+        if not addr:
+            return "the probe process did not start"
+        cma, got = Cma(child.pid, "probe"), bytearray(8)
+        try:
+            cma.read(addr, memoryview(got))
+        finally:
+            cma.close()
+        return None if got == b"mooncake" else "the copy read other bytes"
+    except Exception as e:  # the reason is the finding
+        return str(e)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def kernel_copy_check(probe: Callable[[], str | None], scope: int | None) -> Check:
+    why = probe()
+    if why is None:
+        return Check(G, "kernel copies", Status.OK, "same-host peers copy into each other's "
+                     "private memory (a vLLM KV cache) by process_vm_writev: shm, no socket",
+                     data={"ptrace_scope": scope})
+    return Check(G, "kernel copies", Status.WARN, f"the kernel refuses cross-memory copies "
+                 f"({why}): same-host transfers into private memory go over tcp",
+                 "sysctl kernel.yama.ptrace_scope=0 (the copies need ptrace rights between "
+                 "the two processes: same user), or run both as root" if scope
+                 else "run both processes as the same user", {"ptrace_scope": scope})
+
+
 def checks(cfg: DoctorConfig) -> list[Check]:
+    from mooncake_cli.doctor.nixl import ptrace_scope
+
     return [proxy_check(cfg.env, cfg.cluster_hosts()),
             hostname_check(socket.gethostname(), cfg.remote_peers()),
-            port_check(cfg.host, cfg.port)]
+            port_check(cfg.host, cfg.port),
+            kernel_copy_check(probe_kernel_copy, ptrace_scope(cfg))]
