@@ -33,7 +33,10 @@ class VllmServer:
                 self.model, "--host", "127.0.0.1", "--port", str(self.port), *ARGS]
         if kv_transfer_config is not None:
             argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
-        env = {**env, "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        # one unpinned compute thread each: pinned OpenMP threads of two instances on the same
+        # cores (vLLM's "auto" binding) spin against each other and stall both for minutes
+        env = {**env, "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
+               "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
         self.proc = Proc(f"vLLM {what}", argv, env, log)
         self.url = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.url, timeout=REQUEST_S)
