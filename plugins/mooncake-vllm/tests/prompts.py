@@ -1,7 +1,6 @@
 """Deterministic prompts: `long_prompt(seed)` is about 1,460 tokens of smollm2's tokenizer
 (different seeds share no leading block), `short_prompts()` five distinct P/D prompts of
-175-335 tokens (more than one KV block each: a D request for a prompt of about 110 tokens hung
-vLLM's decode worker here, upstream's wheel and ours alike)."""
+175-335 tokens (more than one KV block each)."""
 
 from __future__ import annotations
 
