@@ -26,11 +26,14 @@ ARGS = ["--max-model-len", "2048", "--enforce-eager", "--max-num-seqs", "4", "--
 
 class VllmServer:
     def __init__(self, what: str, model: Path, env: dict[str, str], log: Path,
-                 kv_transfer_config: dict[str, Any] | None = None) -> None:
+                 kv_transfer_config: dict[str, Any] | None = None,
+                 args: list[str] | None = None) -> None:
+        """`args` come after ARGS (the last of a repeated option wins)."""
         self.port = free_port()
         self.model = str(model)
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                self.model, "--host", "127.0.0.1", "--port", str(self.port), *ARGS]
+                self.model, "--host", "127.0.0.1", "--port", str(self.port), *ARGS,
+                *(args or [])]
         if kv_transfer_config is not None:
             argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
         # one unpinned compute thread each: pinned OpenMP threads of two instances on the same
