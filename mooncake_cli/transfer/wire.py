@@ -37,13 +37,10 @@ class PeerClosed(ConnectionError):
 
 
 def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fill `view` from `sock`, straight into its memory. A blocking socket takes it in one
-    call (MSG_WAITALL: the GIL is released for the whole payload, not retaken per segment, which
-    a busy process such as vLLM's worker would make wait); TLS takes no flags."""
+    """Fill `view` from `sock`, straight into its memory."""
     got, n = 0, len(view)
-    flags = 0 if isinstance(sock, ssl.SSLSocket) else socket.MSG_WAITALL
     while got < n:
-        k = sock.recv_into(view[got:], n - got, flags)
+        k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise PeerClosed(f"peer closed the connection after {got} of {n} bytes")
         got += k
