@@ -265,3 +265,38 @@ def test_a_client_with_no_segment_beats_at_its_interval(client: Callable[..., St
     writer = client()
     writer.put("k", b"v" * 100)
     assert reader.get("k") == b"v" * 100
+
+
+def test_scattered_reads_land_in_registered_parts_without_staging(
+        master: Proc, make_engine: Callable[..., Any], nodes: Callable[..., Proc]) -> None:
+    """A tcp reader (no mapping of the holder's memory) reads each object straight into its
+    parts, as vLLM's store connector asks for a KV block's layers: no staging region made, the
+    bytes verified over the parts; a part outside registered memory, a missing key or a bad
+    checksum is None (read another way)."""
+    node = nodes()
+    a = StoreClient(master.ready["address"], make_engine(timeout=3), 16 * MiB)
+    b = StoreClient(master.ready["address"], make_engine(timeout=3, transport="tcp"), 0)
+    try:
+        data = [os.urandom(3 * 65536 + i) for i in range(3)]
+        seg = ReplicateConfig(preferred_segment=node.ready["segment"])
+        for i, d in enumerate(data):
+            a.put(f"s{i}", d, seg)
+        a.put("mine", data[0], ReplicateConfig(preferred_segment=a.engine.name))
+        dest = np.zeros(1 << 20, np.uint8)
+        b.engine.register(dest)
+        view = memoryview(dest)
+        parts = [[view[i * 300_000 + j * 70_000:][:65536] for j in range(3)] for i in range(3)]
+        for i in range(3):
+            parts[i].append(view[i * 300_000 + 250_000:][:i])  # the remainder (0..2 bytes)
+        got = b.batch_get_scattered(["s0", "s1", "s2", "nope"], [*parts, [view[:10]]])
+        assert got == [len(d) for d in data] + [None]
+        for i, d in enumerate(data):
+            assert b"".join(bytes(p) for p in parts[i]) == d
+        assert b.io._stage._region is None  # nothing staged
+        outside = [memoryview(bytearray(65536)) for _ in range(3)] + [memoryview(bytearray(0))]
+        assert b.batch_get_scattered(["s0"], [outside]) == [None]
+        corrupt(a, replicas(a, "mine")[0], 5)
+        assert b.batch_get_scattered(["mine"], [parts[0]]) == [None]  # failed its checksum
+    finally:
+        b.close()
+        a.close()

@@ -15,6 +15,7 @@ from mooncake_cli.compat import ranges
 from mooncake_cli.compat.codes import BAD, code_of, put_code
 from mooncake_cli.compat.tensor_api import _uninitialised
 from mooncake_cli.compat.types import native
+from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store.client.values import Gathered
 from mooncake_cli.store.errors import ErrorCode, StoreError
 
@@ -58,15 +59,20 @@ def batch_get_into_multi_buffers(self: Any, keys: list[str], all_buffer_ptrs: li
     if len(keys) != len(all_buffer_ptrs) or len(keys) != len(all_sizes):
         return [BAD] * len(keys)
     views = [_parts(p, n) for p, n in zip(all_buffer_ptrs, all_sizes, strict=True)]
-    wanted = [k for k, v in zip(keys, views, strict=True) if v is not None]
+    direct = _scattered(self, keys, views)  # straight into registered buffers, where it can
+    wanted = [k for k, v, d in zip(keys, views, direct, strict=True)
+              if v is not None and d is None]
 
     def go(c: Any) -> list[Any]:
         return list(c.batch_get_buffers(wanted, _uninitialised)) if wanted else []
     got = iter(self._run(go, lambda e: [e] * len(wanted)))  # a code each when it failed
     out: list[int] = []
-    for parts in views:
+    for parts, done in zip(views, direct, strict=True):
         if parts is None:
             out.append(BAD)
+            continue
+        if done is not None:
+            out.append(done)
             continue
         data = next(got)
         if isinstance(data, (StoreError, int)):
@@ -81,6 +87,24 @@ def batch_get_into_multi_buffers(self: Any, keys: list[str], all_buffer_ptrs: li
             part[:] = src[at:at + len(part)]
             at += len(part)
         out.append(len(data))
+    return out
+
+
+def _scattered(self: Any, keys: list[str], views: list[Any]) -> list[int | None]:
+    """Per key the bytes read straight into its parts (all in buffers registered with
+    `register_buffer`: no staging, no copy), or None: read it the staged way."""
+    todo = [i for i, v in enumerate(views) if v is not None and v and all(
+        self._engine is not None and self._client is not None and p.nbytes for p in v)]
+    out: list[int | None] = [None] * len(keys)
+    scatter = getattr(self._client, "batch_get_scattered", None)
+    if not todo or scatter is None:
+        return out
+    try:
+        got = scatter([keys[i] for i in todo], [views[i] for i in todo])
+    except MooncakeError:
+        return out
+    for i, n in zip(todo, got, strict=True):
+        out[i] = n
     return out
 
 

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mooncake_cli.store.client.replica_io import ReplicaIO
+from mooncake_cli.store.client.values import Gathered
 from mooncake_cli.store.errors import BufferOverflow, ObjectNotFound, StoreError
 from mooncake_cli.store.records import Replica
 from mooncake_cli.transfer.batch import Op, TransferRequest
@@ -95,3 +96,39 @@ def read_into(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Re
             except StoreError as e:
                 out[i] = e
     return out  # type: ignore[return-value]
+
+
+def read_scattered(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequence[Replica]],
+                   parts: Sequence[Sequence[memoryview]]) -> list[int | None]:
+    """Per key: its object read straight into its `parts` (views of memory registered with the
+    engine, one after the other, exactly its size), every part of every key in one engine batch,
+    verified over the parts; None where it was not read so (a part elsewhere, a replica this
+    process maps, a failed read or checksum): the caller reads that key another way. No staging
+    region and no copy: a vLLM KV block's layers land where they belong, and a fresh process
+    faults in no memory of its own for them."""
+    out: list[int | None] = [None] * len(keys)
+    reqs: list[TransferRequest] = []
+    spans: list[tuple[int, Replica, int, int]] = []
+    for i, (rs, ps) in enumerate(zip(replicas, parts, strict=True)):
+        ps = [p for p in ps if p.nbytes]
+        if not rs or sum(p.nbytes for p in ps) != rs[0].size:
+            continue
+        r = io.order(rs)[0]
+        where = [io._landing.find(p) for p in ps]
+        if r.tier != "dram" or io.near(r) is not None:
+            continue
+        first, off = len(reqs), r.offset
+        for found, p in zip(where, ps, strict=True):
+            if found is None:
+                del reqs[first:]
+                break
+            reqs.append(TransferRequest(Op.READ, found[0], found[1], r.segment, off, p.nbytes))
+            off += p.nbytes
+        else:
+            spans.append((i, r, first, len(reqs)))
+    whys = io._run(reqs) if reqs else []
+    for i, r, a, b in spans:
+        if all(w is None for w in whys[a:b]) and \
+                io._check(keys[i], r, Gathered([p for p in parts[i] if p.nbytes]), []):
+            out[i] = r.size
+    return out

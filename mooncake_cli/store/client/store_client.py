@@ -25,7 +25,7 @@ from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.store import ledger
 from mooncake_cli.store.client import liveness
 from mooncake_cli.store.client.batch_puts import batch_put
-from mooncake_cli.store.client.batch_reads import read_into
+from mooncake_cli.store.client.batch_reads import read_into, read_scattered
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.client.memory import allocate_dram
@@ -278,6 +278,21 @@ class StoreClient:
         for (i, _, _), value in zip(found, got, strict=True):
             if isinstance(value, StoreError):
                 out[i] = value
+        return out
+
+    def batch_get_scattered(self, keys: Sequence[str], parts: Sequence[Sequence[memoryview]]
+                            ) -> list[int | None]:
+        """Each key's object read straight into its `parts` (views of memory registered with
+        the engine, one after the other), verified; per key its size, or None where it was not
+        read so (missing, elsewhere, mapped here, failed: read it another way). See
+        batch_reads.read_scattered."""
+        lists = p.each(self._call(p.BatchGetReplicaList(list(keys)), p.batch(list[Replica])))
+        found = [(i, rs) for i, rs in enumerate(lists) if isinstance(rs, list)]
+        got = read_scattered(self.io, [keys[i] for i, _ in found], [rs for _, rs in found],
+                             [parts[i] for i, _ in found])
+        out: list[int | None] = [None] * len(keys)
+        for (i, _), n in zip(found, got, strict=True):
+            out[i] = n
         return out
 
     def _count_ssd(self, lists: Sequence[Any]) -> None:
