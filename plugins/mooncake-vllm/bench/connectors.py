@@ -120,7 +120,17 @@ def pd_side(name: str, protocol: str, model: Path, logs: Path, rounds: int,
 
 
 def _op(server: VllmServer, op: str) -> tuple[float, float]:
-    """(sum seconds, count) of one store operation in vLLM's histogram."""
+    """(sum seconds, count) of one store operation in vLLM's histogram, once it has one (a
+    save ends after the response, and the figures follow it by a moment: up to 30 s)."""
+    deadline = time.monotonic() + 30
+    got = _op_now(server, op)
+    while got[1] == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        got = _op_now(server, op)
+    return got
+
+
+def _op_now(server: VllmServer, op: str) -> tuple[float, float]:
     text = server.http.get("/metrics").text
     s = re.search(rf'^{OP_TIME}_sum{{[^}}]*operation="{op}"[^}}]*}} (\S+)$', text, re.M)
     c = re.search(rf'^{OP_TIME}_count{{[^}}]*operation="{op}"[^}}]*}} (\S+)$', text, re.M)
@@ -217,7 +227,8 @@ def report(out: dict[str, Any]) -> None:
               "upstream's time / ours)")
         for k, label in (("cold_ms", "TTFT cold"), ("store_ms", "TTFT from the store"),
                          ("put_ms", "store put per request"), ("get_ms", "store get per request")):
-            print(f"{label:>24} {o[k]:>10.2f} {u[k]:>10.2f} {u[k] / o[k]:>7.2f}")
+            ratio = f"{u[k] / o[k]:>7.2f}" if o[k] else "      -"
+            print(f"{label:>24} {o[k]:>10.2f} {u[k]:>10.2f} {ratio}")
     print(f"logs: {out['logs']}")
 
 
