@@ -282,18 +282,11 @@ class StoreClient:
 
     def batch_get_scattered(self, keys: Sequence[str], parts: Sequence[Sequence[memoryview]]
                             ) -> list[int | None]:
-        """Each key's object read straight into its `parts` (views of memory registered with
-        the engine, one after the other), verified; per key its size, or None where it was not
-        read so (missing, elsewhere, mapped here, failed: read it another way). See
-        batch_reads.read_scattered."""
+        """Per key its size once read straight into its `parts` (registered memory, in order),
+        or None: read it another way (batch_reads.read_scattered)."""
         lists = p.each(self._call(p.BatchGetReplicaList(list(keys)), p.batch(list[Replica])))
-        found = [(i, rs) for i, rs in enumerate(lists) if isinstance(rs, list)]
-        got = read_scattered(self.io, [keys[i] for i, _ in found], [rs for _, rs in found],
-                             [parts[i] for i, _ in found])
-        out: list[int | None] = [None] * len(keys)
-        for (i, _), n in zip(found, got, strict=True):
-            out[i] = n
-        return out
+        return read_scattered(self.io, keys, [rs if isinstance(rs, list) else [] for rs in lists],
+                              parts)
 
     def _count_ssd(self, lists: Sequence[Any]) -> None:
         self.ssd_reads += sum(1 for rs in lists if isinstance(rs, list) and rs
