@@ -162,7 +162,7 @@ def _decode_child(cfg: BenchWorkersConfig, kv_blocks: int) -> Child:
 def _steps(url: str) -> int:
     text = call(url + "/metrics").body["text"]
     line = next(x for x in text.splitlines() if x.startswith("mooncake_worker_step_seconds_count"))
-    return int(line.rsplit(" ", 1)[1])
+    return int(float(line.rsplit(" ", 1)[1]))  # the exposition writes counts as 6.0
 
 
 def _round(cfg: BenchWorkersConfig, prefill: str, decode: str, prompts: list[list[int]],
