@@ -77,7 +77,7 @@ def test_healthy_device_passes_every_port_check() -> None:
     assert mtu.status is Status.OK and "4096" in mtu.evidence
     gid = by_name(checks, "mlx5_0/1 GID")
     assert gid.status is Status.OK and gid.data["recommended"] == 3
-    assert "MC_GID_INDEX=3" in gid.fix
+    assert "UCX_IB_GID_INDEX=3" in gid.fix  # UCX's variable: nixl is the RDMA path
 
 
 def test_port_down_fails_with_the_link_fix() -> None:
@@ -92,7 +92,7 @@ def test_mtu_mismatch_with_the_peer_fails_and_names_the_setting() -> None:
     mismatch = by_name(rdma_checks.checks(cfg("mtu_1024", peer_mtu=4096)), "mlx5_0/1 MTU")
     assert mismatch.status is Status.FAIL
     assert "1024" in mismatch.evidence and "4096" in mismatch.evidence
-    assert "mtu 4192" in mismatch.fix and "MC_MTU=1024" in mismatch.fix
+    assert "mtu 4192" in mismatch.fix and "UCX_IB_PATH_MTU=1024" in mismatch.fix
     same = by_name(rdma_checks.checks(cfg("mtu_1024", peer_mtu=1024)), "mlx5_0/1 MTU")
     assert same.status is Status.WARN and "jumbo" in same.evidence  # matches, but small
     bigger = by_name(rdma_checks.checks(cfg("healthy_roce", peer_mtu=1024)), "mlx5_0/1 MTU")
@@ -106,10 +106,14 @@ def test_link_local_v1_only_table_warns_and_says_how_to_get_v2() -> None:
 
 
 def test_gid_index_set_to_the_wrong_entry_warns() -> None:
-    c = DoctorConfig(root=str(SYSFS / "healthy_roce"), env={"MC_GID_INDEX": "0"})
+    c = DoctorConfig(root=str(SYSFS / "healthy_roce"), env={"UCX_IB_GID_INDEX": "0"})
     gid = by_name(rdma_checks.checks(c), "mlx5_0/1 GID")
-    assert gid.status is Status.WARN and "MC_GID_INDEX=3" in gid.fix
-    c = DoctorConfig(root=str(SYSFS / "healthy_roce"), env={"MC_GID_INDEX": "3"})
+    assert gid.status is Status.WARN and "UCX_IB_GID_INDEX=3" in gid.fix
+    for fine in ("3", "auto"):  # auto: UCX picks, as it does unset
+        c = DoctorConfig(root=str(SYSFS / "healthy_roce"), env={"UCX_IB_GID_INDEX": fine})
+        assert by_name(rdma_checks.checks(c), "mlx5_0/1 GID").status is Status.OK
+    # a variable nothing reads is not taken for a setting
+    c = DoctorConfig(root=str(SYSFS / "healthy_roce"), env={"MC_GID_INDEX": "0"})
     assert by_name(rdma_checks.checks(c), "mlx5_0/1 GID").status is Status.OK
 
 

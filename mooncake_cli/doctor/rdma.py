@@ -1,6 +1,9 @@
 """RDMA checks per device and port: state, link layer, active MTU (vs the peer's), the GID to
 use and why; then memlock vs the planned registration, max_mr_size, /dev/infiniband access,
-QP/MR usage and GPU peer memory (doctor/rdma_limits.py)."""
+QP/MR usage and GPU peer memory (doctor/rdma_limits.py).
+
+RDMA transfers run through the nixl plugin's UCX, so the settings named in fixes are UCX's
+(UCX_IB_GID_INDEX, UCX_IB_PATH_MTU); the `nixl` group checks that UCX sees the devices."""
 
 from __future__ import annotations
 
@@ -57,7 +60,8 @@ def mtu_check(dev: Device, port: Port, peer_mtu: int) -> Check:
                     else "raise the peer's netdev MTU")
         return Check(G, name, Status.FAIL, f"active MTU {mtu}{via}, the peer's {peer_mtu}: "
                      "queue pairs between them fail or fall back to the smaller one",
-                     f"{raise_it}, or set {MTU_ENV}={low} on both sides", data)
+                     f"{raise_it}, or set {MTU_ENV}={low} on both sides (UCX, for the nixl "
+                     "transport)", data)
     if mtu < 4096 and port.roce:
         return Check(G, name, Status.WARN, f"active MTU {mtu}{via}: RoCE runs at 4096 with "
                      "jumbo frames", f"ip link set dev {port.netdev} mtu 9000 on every host "
@@ -81,15 +85,16 @@ def gid_check(dev: Device, port: Port, env_index: str | None) -> Check:
     chosen = next(g for g in port.gids if g.index == choice.index)
     best = port.link_layer == "InfiniBand" or (chosen.type == "RoCE v2" and chosen.ipv4)
     evidence = f"use GID index {choice.index}: {choice.reason}. Table: " + "; ".join(table)
-    if env_index is not None and env_index.strip() != str(choice.index):
+    pin = f"{GID_ENV}={choice.index} pins it for UCX (the nixl transport; default: auto)"
+    if env_index is not None and env_index.strip() not in (str(choice.index), "auto"):
         return Check(G, name, Status.WARN, f"{GID_ENV}={env_index} is set, but {evidence}",
-                     f"export {GID_ENV}={choice.index}", data)
+                     f"export {GID_ENV}={choice.index} (or unset it: UCX then picks)", data)
     if best:
-        return Check(G, name, Status.OK, evidence, f"{GID_ENV}={choice.index}", data)
+        return Check(G, name, Status.OK, evidence, pin, data)
     return Check(G, name, Status.WARN, evidence,
                  f"give {port.netdev or 'the netdev'} an IPv4 address (ip addr add IP/LEN dev "
                  f"{port.netdev or 'DEV'}) so a RoCE v2 IPv4-mapped GID appears; meanwhile "
-                 f"{GID_ENV}={choice.index}", data)
+                 f"{pin}", data)
 
 
 def device_checks(dev: Device, cfg: DoctorConfig) -> list[Check]:

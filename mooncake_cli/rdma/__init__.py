@@ -1,1 +1,2 @@
-"""RDMA support shared by the doctor and the RDMA transport: device discovery (sysfs, pyverbs)."""
+"""RDMA device discovery (sysfs, pyverbs) for `mooncake doctor`; transfers over RDMA go through
+the nixl plugin's UCX."""

@@ -5,7 +5,9 @@ captured tree in tests, `/` in production), refined by pyverbs when it is import
     devices = discover("/")
     gid = recommend_gid(devices[0].ports[0])   # GidChoice(index, reason) or None
 
-The RDMA transport picks its GID index with `recommend_gid` and its MTU with `Port.active_mtu`.
+There is no RDMA transport of our own: RDMA runs through the nixl plugin, whose UCX picks a GID
+and path MTU itself unless UCX_IB_GID_INDEX / UCX_IB_PATH_MTU say otherwise; `mooncake doctor`
+compares those with `recommend_gid` and `Port.active_mtu`.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass, field, replace
 
 IB_MTUS = (256, 512, 1024, 2048, 4096)
 ROCE_OVERHEAD = 96  # GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4 (kernel iboe_get_mtu)
-GID_ENV = "MC_GID_INDEX"  # the variable upstream's RDMA transport reads its GID index from
-MTU_ENV = "MC_MTU"
+# UCX's settings (the nixl transport's RDMA path): `auto` / `default` unless set
+GID_ENV = "UCX_IB_GID_INDEX"
+MTU_ENV = "UCX_IB_PATH_MTU"
 
 
 @dataclass(frozen=True)
