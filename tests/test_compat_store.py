@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 
@@ -150,5 +151,37 @@ def test_between_two_clients(master: str, store: MooncakeDistributedStore) -> No
         buf = np.zeros(len(value), dtype=np.uint8)
         assert store.get_into("shared", buf.ctypes.data, buf.nbytes) == len(value)
         assert buf.tobytes() == value
+    finally:
+        other.close()
+
+
+def _rdma_here() -> bool:
+    from mooncake_backends.nixl import ucx
+
+    return bool(ucx.fast_paths()[0])
+
+
+@pytest.mark.skipif(_rdma_here(), reason="an RDMA device: protocol rdma runs on nixl here")
+def test_rdma_without_a_device_runs_on_what_the_warning_names(
+        master: str, store: MooncakeDistributedStore, caplog: pytest.LogCaptureFixture) -> None:
+    from mooncake_backends.nixl import ucx
+
+    other = MooncakeDistributedStore()
+    with caplog.at_level(logging.WARNING, logger="mooncake.compat"):
+        assert other.setup("localhost", "P2PHANDSHAKE", "16MB", "4MB", "rdma", "", master) == 0
+    try:
+        (line,) = [r.getMessage() for r in caplog.records if "protocol rdma" in r.getMessage()]
+        why = ("UCX (the nixl plugin) finds no RDMA device" if ucx.find_module()[0]
+               else "the nixl plugin, the only RDMA path, is unavailable")
+        assert why in line, line
+        config = ReplicateConfig()
+        config.preferred_segment = store.get_hostname()
+        value = np.random.default_rng(4).bytes(MiB + 3)
+        assert store.put("over-rdma", value, config) == 0
+        assert other.get("over-rdma") == value  # read from the first store's segment
+        assert other._engine is not None
+        used = other._engine.transport_for(store.get_hostname())
+        named = line.split("transfers use ")[1].split(" instead")[0].split(", ")
+        assert used in named and used != "nixl", (used, line)
     finally:
         other.close()

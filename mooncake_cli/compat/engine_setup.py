@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from mooncake_cli.compat.rdma import rdma_transport
 from mooncake_cli.compat.session import metadata_url
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.registry import Registry
@@ -58,15 +59,7 @@ def transport_for(protocol: str, registry: Registry) -> str:
     if protocol == "tcp":
         return "tcp"
     if protocol == "rdma":
-        try:
-            nixl = registry.get("mooncake.transports", "nixl")
-        except Exception:  # a missing or broken plugin: the fallback below says so
-            nixl = None
-        if nixl is not None and "RDMA" in getattr(nixl, "fast", ""):
-            return "nixl"
-        log.warning("protocol rdma: no RDMA device found (or nixl not installed): using "
-                    "every available transport (tcp, shm on one host)")
-        return "auto"
+        return rdma_transport(registry)
     if protocol not in ("", "auto", "shm"):
         log.warning("protocol %r is not provided here: using every available transport",
                     protocol)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_cli.compat.rdma import rdma_transport
 from mooncake_cli.config import TransferConfig, parse_size
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 from mooncake_cli.registry import Registry
@@ -156,9 +157,13 @@ def port_range() -> tuple[int, int]:
 def start_engine(args: SetupArgs, registry: Registry, timeout: float) -> TransferEngine:
     """A transfer engine listening on args.host at a free port of `port_range()`."""
     names = registry.names("mooncake.transports")
-    transport = args.protocol if args.protocol in names else "auto"
-    if transport != args.protocol:  # upstream too falls back to TCP (no RDMA device found)
-        log.warning("protocol %r is not available here: using %s", args.protocol, transport)
+    if args.protocol == "rdma":  # nixl, or a warning naming what runs instead
+        transport = rdma_transport(registry)
+    else:
+        transport = args.protocol if args.protocol in names else "auto"
+        if transport != args.protocol:
+            log.warning("protocol %r is not available here: using %s", args.protocol,
+                        transport)
     low, high = port_range()
     ports = random.sample(range(low, high + 1), min(64, high - low + 1))
     last: Exception | None = None
