@@ -219,7 +219,9 @@ PROSE: dict[str, dict[str, Any]] = {
         "description": [
             "Transports (entry-point group mooncake.transports) and memory tiers "
             "(mooncake.tiers) are plugins; the built-ins register through the same entry "
-            "points as third-party packages. A plugin that fails to import is listed with its "
+            "points as third-party packages, but the transfer engine needs the tcp transport "
+            "(it owns the engine's listener): a MOONCAKE_PLUGINS without tcp stops every role "
+            "that starts an engine. A plugin that fails to import is listed with its "
             "package and error, and every other plugin keeps working.",
             "MOONCAKE_PLUGINS=tcp,shm restricts which plugins load, in the groups it names a "
             "plugin of; the others are listed as disabled. Each available transport also says "
@@ -249,8 +251,9 @@ PROSE: dict[str, dict[str, Any]] = {
             "there and writable on this host. rdma, per device and port: state, link layer, "
             "active MTU (against --peer-mtu), the GID table and the GID index to use with the "
             "reason (RDMA runs through nixl: the fixes name UCX's UCX_IB_GID_INDEX and "
-            "UCX_IB_PATH_MTU), memlock against the planned registration, max_mr_size, /dev/infiniband "
-            "access, GPU peer memory. nixl: the package, UCX's version, the transports and "
+            "UCX_IB_PATH_MTU), memlock against the planned registration, max_mr_size, "
+            "/dev/infiniband access, GPU peer memory. nixl: the package, UCX's version, the "
+            "transports and "
             "devices UCX itself reports (verbs, cuda_ipc, gdr_copy, cma, tcp), cma between "
             "processes, RDMA devices UCX cannot use, CUDA, and whether GPUDirect RDMA can work "
             "(against a captured --sysfs-root only the package and UCX are checked). memory: "

@@ -1,6 +1,8 @@
 """Plugin discovery over entry points.
 
-Built-in backends register through the same entry points as third-party ones. A plugin that
+Built-in backends register through the same entry points as third-party ones, but the
+transfer engine needs the one named tcp (it owns the listener: transfer/endpoints.py), so
+MOONCAKE_PLUGINS must keep tcp for any role that starts an engine. A plugin that
 fails to import or to construct is reported with its package and error; every other plugin
 keeps working. `MOONCAKE_PLUGINS=tcp,shm` restricts which plugins of the groups it names load.
 """

@@ -1,6 +1,8 @@
-"""The compat store's zero-copy methods (upstream's register_buffer / put_from / get_into
-family and get_into_ranges), bound onto MooncakeDistributedStore: buffers are integer addresses
-viewed through ctypes (ranges.py)."""
+"""The compat store's caller-buffer methods (upstream's "zero-copy" register_buffer / put_from /
+get_into family and get_into_ranges), bound onto MooncakeDistributedStore: buffers are integer
+addresses viewed through ctypes (ranges.py). A get lands straight in a buffer registered with
+register_buffer; into one that is not, it is staged and copied. A put copies the bytes once, into
+the own segment or into the staging region on the way to a remote one."""
 
 from __future__ import annotations
 

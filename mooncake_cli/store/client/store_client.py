@@ -205,7 +205,9 @@ class StoreClient:
         return self.io.read_bytes(key, replicas)
 
     def get_into(self, key: str, buffer: Any) -> int:
-        """Read `key` into `buffer` (bytearray, numpy array, CPU tensor); the bytes read."""
+        """Read `key` into `buffer` (bytearray, numpy array, CPU tensor); the bytes read.
+        Straight into it when it lies in memory registered with the engine (`engine.register`,
+        `engine.allocate`); otherwise staged and copied (io.read)."""
         try:
             dest = host_view(buffer)[0]
         except ValueError as e:
