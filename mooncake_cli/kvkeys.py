@@ -144,11 +144,12 @@ def _token_bytes(tokens: Sequence[int]) -> bytes:
     return arr.astype(_U32).tobytes()
 
 
-def chain_hashes(tokens: Sequence[int], ns: KVNamespace) -> list[int]:
-    """h_1..h_n (128-bit ints), one per full block of `tokens`; see the module docstring."""
+def chain_hashes(tokens: Sequence[int], ns: KVNamespace, start: int | None = None) -> list[int]:
+    """h_1..h_n (128-bit ints), one per full block of `tokens`; see the module docstring.
+    `start`: the hash of the block before `tokens` (None: `tokens` begin the sequence)."""
     data = _token_bytes(tokens)
     step = ns.block_size * 4
-    h = xxhash.xxh3_128_intdigest(ns.tag().encode("utf-8"))
+    h = xxhash.xxh3_128_intdigest(ns.tag().encode("utf-8")) if start is None else start
     out = []
     for start in range(0, len(data) - step + 1, step):
         h = xxhash.xxh3_128_intdigest(h.to_bytes(16, "big") + data[start:start + step])

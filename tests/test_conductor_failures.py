@@ -43,12 +43,18 @@ def stand_in_worker(app: dict[str, Any]) -> Starlette:
             for ev in list(app["events"]):
                 yield ev
 
-        if not json.loads(await body(request)).get("stream", True):
+        got = json.loads(await body(request))
+        app.setdefault("resumed", []).append((got.get("resume") or {}).get("sent_chars", 0))
+        if not got.get("stream", True):
             return JSONResponse({"events": [e for e in app["events"] if isinstance(e, dict)]})
         return sse(events())
 
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"}, 200 if app.get("healthy", True) else 503)
+
     return edge_app([Route("/v1/prefill", prefill, methods=["POST"]),
-                     Route("/v1/generate", generate, methods=["POST"])])
+                     Route("/v1/generate", generate, methods=["POST"]),
+                     Route("/health", health)])
 
 
 @pytest.fixture
@@ -84,30 +90,38 @@ def assert_nothing_booked(svc: ConductorService) -> None:
         assert inst.queued == 0 and inst.batch == 0, inst
 
 
-def test_decode_failing_mid_answer_is_503_not_a_finished_answer(conductor, stand_in) -> None:
+def test_decode_failing_mid_answer_moves_then_is_503_not_a_finished_answer(
+        conductor, stand_in) -> None:
     server, app = stand_in
     url = f"http://127.0.0.1:{server.port}"
     register(conductor, "p0", "prefill", url)
     register(conductor, "d0", "decode", url)
-    body = {"model": "demo", "prompt": "hello", "max_tokens": 4}
+    body = {"model": "demo", "prompt": "hello", "max_tokens": 10}
     app["events"] = [{"token": 65, "text": "A"},
                      {"finish_reason": "error", "error": "engine step failed",
                       "completion_tokens": 1}, "[DONE]"]
+    # the stand-in fails every answer but still answers /health: the answer moves (to the
+    # only decode instance there is) until the limit, then 503 naming the last failure
     answer = jsonhttp.call(conductor.url + "/v1/completions", body)
     assert answer.status == 503, answer.body
-    assert "engine step failed" in answer.body["error"]["message"]
+    message = answer.body["error"]["message"]
+    assert "engine step failed" in message and "moved 3 times" in message
+    assert app["resumed"] == [0, 1, 2, 3]  # each move resumed after the tokens streamed
     streamed = list(jsonhttp.events(conductor.url + "/v1/completions", body | {"stream": True}))
     assert "engine step failed" in streamed[-1]["error"]["message"]
     assert all(c.get("choices", [{}])[0].get("finish_reason") != "error"
                for c in streamed if c.get("choices"))
-    assert alive(conductor) == {"p0": True, "d0": True}  # it answered: not dead
-    # the answer ends without its final event: the decode worker is gone
+    assert alive(conductor) == {"p0": True, "d0": True}  # it answered /health: not dead
+    # the answer ends without its final event and the worker no longer answers /health: dead,
+    # and with no other decode instance to move to, 503
     app["events"] = [{"token": 65, "text": "A"}]
+    app["healthy"] = False
     broken = jsonhttp.call(conductor.url + "/v1/completions", body)
-    assert broken.status == 503 and "without its final event" in broken.body["error"]["message"]
+    assert broken.status == 503 and "no live decode instance" in broken.body["error"]["message"]
     assert alive(conductor) == {"p0": True, "d0": False}
     metrics = jsonhttp.call(conductor.url + "/metrics").body["text"]
-    assert value(metrics, "mooncake_conductor_errors_total") == 3
+    assert value(metrics, "mooncake_conductor_errors_total") == 2
+    assert value(metrics, "mooncake_conductor_migrations_total") == 7
     assert_nothing_booked(conductor)
 
 

@@ -107,12 +107,28 @@ class ReleaseAnswer(Answer):
     released_blocks: Count
 
 
+class Resume(Message):
+    """A request moved from a decode worker that failed: the last tokens of `token_ids` were
+    generated there (and streamed), not part of the prompt."""
+
+    prompt_tokens: Annotated[int, Field(ge=1)]  # how many of token_ids are the prompt
+    sent_chars: Count = 0  # characters of the generated text the client has had already
+
+
 class GenerateRequest(Message):
     request_id: RequestId
     token_ids: TokenIds
     first_token: Count
     sampling: SamplingParams = SamplingParams()
     stream: bool = True  # False: one GenerateAnswer when the request is done
+    resume: Resume | None = None
+
+    @model_validator(mode="after")
+    def _resume_fits(self) -> GenerateRequest:
+        if self.resume is not None and self.resume.prompt_tokens > len(self.token_ids):
+            raise bad(f"resume.prompt_tokens {self.resume.prompt_tokens} exceeds the "
+                      f"{len(self.token_ids)} token ids", "resume")
+        return self
 
 
 class GenerateAnswer(Answer):

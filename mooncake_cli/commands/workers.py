@@ -36,6 +36,8 @@ CONDUCTOR = _opt("--conductor", "conductor", "URL")
 NAME = _opt("--name", "name", "NAME")
 HEARTBEAT = _opt("--heartbeat", "heartbeat", "SECONDS")
 AUDIT = _opt("--audit-log", "audit_log", "FILE")
+WRITE_BEHIND = typer.Option(None, "--write-behind/--no-write-behind",
+                            help=help_of(W, "write_behind"))
 SECRET = typer.Option(None, "--secret", envvar="MOONCAKE_SECRET", show_envvar=True,
                       help="Cluster secret: every request to this worker but /health and "
                            "/metrics must be signed with it, and the store and transfer "
@@ -97,7 +99,7 @@ def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: 
            advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
            chunk_size: int = CHUNK,
            conductor: str = CONDUCTOR, name: str = NAME, heartbeat: float = HEARTBEAT,
-           audit_log: str = AUDIT, secret: str = SECRET,
+           audit_log: str = AUDIT, write_behind: bool = WRITE_BEHIND, secret: str = SECRET,
            secret_file: str = c.SECRET_FILE) -> None:
     """Serve decode: KV reservations filled by prefill workers, continuous batching, tokens
     streamed as server-sent events (POST /v1/kv/reserve, /v1/generate, /v1/kv/release).
@@ -108,4 +110,4 @@ def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: 
            segment_size=segment_size, listen=listen, advertise=advertise,
            block_size=block_size,
            kv_blocks=kv_blocks, chunk_size=chunk_size, conductor=conductor, name=name,
-           heartbeat=heartbeat, audit_log=audit_log)
+           heartbeat=heartbeat, audit_log=audit_log, write_behind=write_behind)

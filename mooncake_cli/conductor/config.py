@@ -74,7 +74,11 @@ class ConductorConfig:
     instance_ttl: float = described(5.0, "seconds after which a silent instance is dead")
     poll_interval: float = described(1.0, "seconds between load polls of each instance")
     retries: int = described(2, "other instances tried when one fails")
-    request_timeout: float = described(300.0, "seconds a request may take on the workers")
+    request_timeout: float = described(300.0, "seconds a worker may stay silent within a "
+                                               "request: for a prefill's answer, or between "
+                                               "two tokens of an answer")
+    max_migrations: int = described(3, "times one answer may move to another decode worker "
+                                       "when its worker fails mid-answer (0: never)")
     profile: str = described("", "profile.json from `mooncake bench profile` (none: learn the "
                                  "cost model from the workers' timings)")
     explain: str = described("", "JSONL file to append every scheduling decision to")
@@ -107,8 +111,8 @@ class ConductorConfig:
             from mooncake_cli.conductor.etcd_registry import parse
 
             parse(self.registry)
-        if self.retries < 0:
-            raise ConfigError("retries must be >= 0")
+        if self.retries < 0 or self.max_migrations < 0:
+            raise ConfigError("retries and max_migrations must be >= 0")
         if self.max_queue < 0 or self.prefill_depth < 0:
             raise ConfigError("max_queue and prefill_depth must be >= 0")
         from mooncake_cli.conductor.scheduler import POLICIES

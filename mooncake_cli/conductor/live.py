@@ -2,10 +2,14 @@
 decode) pair -> prefill over HTTP -> tokens streamed back from the decode worker.
 
 Scheduling runs the same `Scheduler` as the simulator, against a `Cluster` that `Instances`
-keeps current. A prefill worker that cannot be reached is marked dead and the request is placed
-again (up to `retries` times); no admissible pair answers 429 with Retry-After, and a request
-no decode instance could ever hold answers 400 (context_length_exceeded). A decode worker that
-fails mid-answer turns into 503 (or an error event in a stream), never a finished answer.
+keeps current. A prefill that fails is placed again (up to `retries` times); the worker is
+marked dead only when it no longer answers /health (a busy worker is not a dead one). No
+admissible pair answers 429 with Retry-After, and a request no decode instance could ever hold
+answers 400 (context_length_exceeded). A decode worker that fails mid-answer (connection lost,
+silent for `timeout` seconds between two tokens, or an error event) hands the answer to another
+one (`migration`), up to `max_migrations` times; beyond, 503 (or an error event in a stream),
+never a truncated answer passed off as finished. Decode answers are always read as streams, so
+a long answer never runs into a timeout.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import logging
 import math
 import time
 import uuid
+from contextlib import aclosing
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mooncake_cli.api import openai as oa
@@ -28,6 +33,7 @@ from mooncake_cli.conductor import answers
 from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
+from mooncake_cli.conductor.migration import DecodeLost, Progress
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Request
@@ -36,6 +42,7 @@ from mooncake_cli.jsonhttp import AsyncPeer, PeerError
 from mooncake_cli.kvkeys import block_keys
 
 log = logging.getLogger(__name__)
+HEALTH_TIMEOUT = 2.0  # seconds a failed instance has to answer /health to count as alive
 
 
 @dataclass
@@ -53,14 +60,15 @@ class Conductor:
     def __init__(self, model: ServedModel, scheduler: Scheduler, instances: Instances,
                  metrics: ConductorMetrics, retries: int = 2, timeout: float = 300.0,
                  explain_path: str = "", auth: Signer | None = None,
-                 queue_limit: int = 4096) -> None:
+                 queue_limit: int = 4096, max_migrations: int = 3) -> None:
         self.model = model
         self.auth = auth  # signs every request to the workers with the cluster secret
         self.scheduler = scheduler
         self.instances = instances
         self.metrics = metrics
         self.retries = retries
-        self.timeout = timeout
+        self.timeout = timeout  # seconds a worker may stay silent within a request
+        self.max_migrations = max_migrations
         self.bookings = Bookings(scheduler, instances, metrics, explain_path)
         self.queue = WaitQueue(queue_limit, scheduler.slo.ttft_s, scheduler.decode_retry,
                                metrics.add, lambda d: scheduler.estimated_ttft(d.placement),
@@ -124,7 +132,7 @@ class Conductor:
         return await answers.collect(req, rid, tokens, start, self.metrics, len(ids), cached)
 
     async def _place(self, rid: str, ids: list[int], req: oa.Completion,
-                     ticket: Ticket) -> Placed:
+                     ticket: Ticket, migrating: bool = False) -> Placed:
         """Queue for room, prefill, and place again when an instance fails (up to `retries`
         times) or the decode side turns out to be full after all (back to the queue's head:
         the conductor then counts that instance full until it reports or frees room)."""
@@ -139,7 +147,8 @@ class Conductor:
                 booking=self.scheduler.decode_booking(sreq))
             full = False
             try:  # whatever happens, the booking does not outlive this attempt
-                ans, purl, durl = await self._prefill(decision, rid, ids, req, tried)
+                ans, purl, durl = await self._prefill(decision, rid, ids, req, tried,
+                                                      anywhere=migrating)
             except BaseException:
                 self.bookings.unbook(decision, sreq)
                 raise
@@ -158,7 +167,7 @@ class Conductor:
                     continue
                 attempt += 1
                 if code is ErrorCode.DECODE_UNREACHABLE:  # the decode worker died: again
-                    self.instances.mark_dead(dname, msg)
+                    await self._alive(dname, durl, msg)
                     self.metrics.add("rerouted_total")
                     tried.append(dname)
                     continue
@@ -190,9 +199,10 @@ class Conductor:
         return ServingError(ErrorCode.UPSTREAM_FAILED, f"prefill on {pname} failed: {msg}")
 
     async def _prefill(self, decision: Decision, rid: str, ids: list[int], req: oa.Completion,
-                       tried: list[str]) -> tuple[Any, str, str]:
+                       tried: list[str], anywhere: bool = False) -> tuple[Any, str, str]:
         """Run the prefill of `decision`: its answer, or None when the prefill instance failed
-        (marked dead) or either instance left the registry meanwhile."""
+        (marked dead unless it still answers /health) or either instance left the registry
+        meanwhile. `anywhere`: reuse blocks from any segment of the store."""
         pname, dname = decision.prefill, decision.decode
         if dname is None:
             raise ServingError(ErrorCode.NO_INSTANCE, "no live decode instance")
@@ -210,71 +220,115 @@ class Conductor:
         body = roles.PrefillRequest(
             request_id=rid, token_ids=ids, decode=durl, sampling=req.sampling,
             # reuse only what the instance holds, unless the policy chose to fetch
-            reuse="any" if chosen.fetch_blocks > chosen.local_blocks else "local")
+            reuse="any" if anywhere or chosen.fetch_blocks > chosen.local_blocks else "local")
         try:
             ans = await self.peer.call(purl + "/v1/prefill", body.model_dump_json().encode(),
                                        timeout_s=self.timeout)
             return ans, purl, durl
         except (OSError, ValueError) as e:
-            self.instances.mark_dead(pname, f"prefill request failed: {e}")
+            await self._alive(pname, purl, f"prefill request failed: {e}")
             self.metrics.add("rerouted_total")
             tried.append(pname)
             return None, purl, durl
 
     async def _decode(self, placed: Placed, rid: str, ids: list[int], req: oa.Completion,
                       ticket: Ticket) -> AsyncIterator[dict[str, Any]]:
-        body = roles.GenerateRequest(request_id=rid, token_ids=ids, sampling=req.sampling,
-                                     first_token=placed.answer.first_token, stream=req.stream)
-        sreq = Request(rid, len(ids), req.sampling.max_tokens, ())
-        dname = placed.decision.decode or ""
+        """The answer's events; a decode worker that fails hands the request to another one
+        (up to `max_migrations` times: `mooncake_cli.conductor.migration`)."""
+        progress = Progress(list(ids), req.sampling)
+        while True:
+            try:
+                async with aclosing(self._stream_from(placed, progress, req, ticket)) as events:
+                    async for ev in events:
+                        yield ev
+                return
+            except DecodeLost as lost:
+                alive = await self._alive(lost.name, lost.url, lost.reason)
+                done = progress.complete(progress.stop_ids(self.model.eos_token_ids))
+                if done is not None:  # only the final event was lost
+                    yield {"finish_reason": done, "completion_tokens": len(progress.tokens)}
+                    return
+                if progress.moved >= self.max_migrations:
+                    self.metrics.add("errors_total")
+                    raise ServingError(ErrorCode.UPSTREAM_FAILED, f"{lost} (moved "
+                                       f"{progress.moved} times already, the limit)") from None
+                move = progress.record(lost, alive)
+                ticket.migrations.append(move)
+                self.metrics.add("migrations_total")
+                log.warning("request %s: %s; moving it after %d tokens", rid, lost,
+                            len(progress.tokens))
+                placed = await self._move(rid, progress, req, ticket, move)
+
+    async def _move(self, rid: str, progress: Progress, req: oa.Completion, ticket: Ticket,
+                    move: dict[str, Any]) -> Placed:
+        """Place the rest of the answer: prefill of the prompt and what was streamed."""
+        moved = replace(req, sampling=progress.prefill_sampling())
+        ids = progress.next_prompt()
+        placed = await self._place(f"{rid}.m{progress.moved}", ids, moved,
+                                   Ticket(migration=move), migrating=True)
+        cached = placed.answer.cached_tokens
+        move.update(to=placed.decision.decode, prompt_tokens=len(ids), reused_tokens=cached)
+        self.metrics.add("migration_reused_tokens_total", cached)
+        self.metrics.add("migration_recomputed_tokens_total", len(ids) - cached)
+        return placed
+
+    async def _stream_from(self, placed: Placed, progress: Progress, req: oa.Completion,
+                           ticket: Ticket) -> AsyncIterator[dict[str, Any]]:
+        """The events of one decode worker; DecodeLost when it fails before the final one."""
+        rid = placed.answer.request_id
+        body = roles.GenerateRequest(request_id=rid, token_ids=progress.next_prompt(),
+                                     sampling=req.sampling, resume=progress.resume(),
+                                     first_token=placed.answer.first_token)
+        sreq = Request(rid, len(body.token_ids), req.sampling.max_tokens, ())
+        dname, durl = placed.decision.decode or "", placed.decode_url
         out = 0
         try:
-            async for ev in self._generate(placed.decode_url + "/v1/generate",
-                                           body.model_dump_json().encode(), req.stream):
+            async for ev in self.peer.events(durl + "/v1/generate",
+                                             body.model_dump_json().encode(),
+                                             timeout_s=self.timeout):
                 if ev.get("error") or ev.get("finish_reason") == "error":
-                    raise ServingError(ErrorCode.UPSTREAM_FAILED, f"decode worker {dname} "
-                                       f"failed: {ev.get('error') or 'no reason given'}")
-                if out == 0 and "token" in ev and ticket.placed_ttft_s is not None:
-                    after = time.monotonic() - ticket.arrived - ticket.waited_s
-                    self.scheduler.observe_ttft(ticket.placed_ttft_s, after)
+                    raise DecodeLost(dname, durl, str(ev.get("error") or "an error event"))
+                if out == 0 and "token" in ev:
+                    self._first_token(ticket, progress)
                 out += "token" in ev
+                progress.saw(ev)
                 yield ev
         except OSError as e:
-            self.instances.mark_dead(dname, f"generate failed: {e}")
-            self.metrics.add("errors_total")
-            raise ServingError(ErrorCode.UPSTREAM_FAILED,
-                               f"decode worker {dname} failed: {e}") from None
+            if progress.finished:  # the answer is whole; only its end of stream was lost
+                return
+            raise DecodeLost(dname, durl, str(e)) from None
         except PeerError as e:
+            if e.status >= 500:
+                raise DecodeLost(dname, durl, e.message) from None
             self.metrics.add("errors_total")
             raise ServingError(ErrorCode.UPSTREAM_FAILED,
                                f"decode worker {dname} failed: {e.message}") from None
-        except ServingError:
-            self.metrics.add("errors_total")
-            raise
         finally:
             self.bookings.release_decode(placed.decision.decode, sreq)
             self.scheduler.observe_output(out)
             self.queue.notify()
 
-    async def _generate(self, url: str, body: bytes,
-                        stream: bool) -> AsyncIterator[dict[str, Any]]:
-        """The decode worker's events: as they come (stream), or all in one answer."""
-        if stream:
-            async for ev in self.peer.events(url, body, timeout_s=self.timeout):
-                yield ev
-            return
-        ans = await self.peer.call(url, body, timeout_s=self.timeout)
-        if ans.status != 200:
-            message, code = peer_code(ans.body)
-            raise PeerError(ans.status, message, code.value if code else None)
+    def _first_token(self, ticket: Ticket, progress: Progress) -> None:
+        """Learn from the first token of a placement: the TTFT estimate's error, or the
+        latency a migration added."""
+        if progress.lost_at is not None:
+            self.metrics.migration_gap.observe(time.monotonic() - progress.lost_at)
+            progress.lost_at = None
+        elif ticket.placed_ttft_s is not None:
+            after = time.monotonic() - ticket.arrived - ticket.waited_s
+            self.scheduler.observe_ttft(ticket.placed_ttft_s, after)
+
+    async def _alive(self, name: str, url: str, why: str) -> bool:
+        """Whether instance `name`, which failed a request, still answers /health: a busy or
+        stalled worker is not a dead one. A dead one is marked so."""
         try:
-            events = validate(roles.GenerateAnswer, ans.body).events
-        except ServingError as e:
-            raise OSError(f"{url} answered a malformed generation: {e}") from None
-        if not events or "finish_reason" not in events[-1]:
-            raise OSError(f"{url}: the generation ended without its final event")
-        for ev in events:
-            yield ev
+            ans = await self.peer.call(url + "/health", timeout_s=HEALTH_TIMEOUT)
+            if ans.status == 200:
+                return True
+        except (OSError, ValueError):
+            pass
+        self.instances.mark_dead(name, why)
+        return False
 
     async def close_peer(self) -> None:
         """Close the running loop's pooled client."""

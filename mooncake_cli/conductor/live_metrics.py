@@ -42,6 +42,10 @@ COUNTERS = {
     "blocks_fetched_total": "KV blocks the scheduler had a prefill instance fetch from another.",
     "blocks_replicated_total": "Fetched KV blocks that gained a replica on the fetching instance.",
     "evicted_blocks_total": "KV blocks the cache index dropped to make room.",
+    "migrations_total": "Answers moved to another decode worker after theirs failed.",
+    "migration_reused_tokens_total": "Tokens of moved answers whose KV the new prefill "
+                                     "loaded from the store.",
+    "migration_recomputed_tokens_total": "Tokens of moved answers whose KV was recomputed.",
 }
 MOVED_PATHS = ("fetch", "stream")
 
@@ -68,6 +72,10 @@ class ConductorMetrics:
         self.queue_wait = Histogram(PREFIX + "queue_wait_seconds", "Time a request waited "
                                     "in the queue before its prefill was placed.",
                                     buckets=TTFT_BUCKETS, registry=self.registry)
+        self.migration_gap = Histogram(PREFIX + "migration_gap_seconds", "Time from a "
+                                       "decode worker's failure to the next token of the "
+                                       "answer it had, on another one.",
+                                       buckets=TTFT_BUCKETS, registry=self.registry)
         self.queue_length: Callable[[], int] = lambda: 0
         self._cached_blocks = cached_blocks
         self._instances: list[dict[str, Any]] = []

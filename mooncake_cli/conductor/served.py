@@ -20,6 +20,7 @@ class ServedModel:
     max_context: int
     chat: ChatTemplate = field(default_factory=lambda: ChatTemplate(None))
     vocab_size: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # end an answer unless a request ignores them
 
     def chat_tokens(self, messages: tuple[dict[str, str], ...]) -> list[int]:
         """The prompt of a chat request: the model's template when it has one (its special

@@ -49,7 +49,7 @@ def served_model(cfg: ConductorConfig) -> ServedModel:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return ServedModel(cfg.served_model_name or src.model_id, src.tokenizer, ns,
-                       mc.max_position, chat, mc.vocab_size)
+                       mc.max_position, chat, mc.vocab_size, tuple(src.eos_token_ids))
 
 
 def cost_model(cfg: ConductorConfig, ns: KVNamespace) -> CostModel:
@@ -80,7 +80,8 @@ class ConductorService:
         self.conductor = Conductor(model, scheduler, instances, metrics,
                                    retries=cfg.retries, timeout=cfg.request_timeout,
                                    explain_path=cfg.explain, auth=auth,
-                                   queue_limit=cfg.max_queue)
+                                   queue_limit=cfg.max_queue,
+                                   max_migrations=cfg.max_migrations)
         self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval, auth)
         self.etcd: EtcdPoller | None = None
         if cfg.registry:

@@ -44,18 +44,26 @@ class Ticket:
     waited_s: float = 0.0
     requeued: int = 0
     placed_ttft_s: float | None = None  # the estimate from placement on (no queue wait)
+    migrations: list[dict[str, Any]] = field(default_factory=list)  # moves of its answer
+    migration: dict[str, Any] | None = None  # the move this placement is for, if one
 
     def headers(self) -> dict[str, str]:
-        """What the answer tells the client about its wait (for benchmarks and dashboards)."""
+        """What the answer tells the client about its wait and moves (for benchmarks and
+        dashboards; a stream's headers leave before any move)."""
         out = {"X-Mooncake-Queue-Wait": f"{self.waited_s:.3f}"}
         if self.predicted_ttft_s is not None:
             out["X-Mooncake-Predicted-TTFT"] = f"{self.predicted_ttft_s:.3f}"
+        if self.migrations:
+            out["X-Mooncake-Migrations"] = str(len(self.migrations))
         return out
 
     def explain(self) -> dict[str, Any]:
-        return {"position": self.position, "predicted_wait_s": round(self.predicted_wait_s, 3),
-                "waited_s": round(time.monotonic() - self.arrived, 3),
-                "requeued": self.requeued}
+        out: dict[str, Any] = {
+            "position": self.position, "predicted_wait_s": round(self.predicted_wait_s, 3),
+            "waited_s": round(time.monotonic() - self.arrived, 3), "requeued": self.requeued}
+        if self.migration is not None:
+            out["migration"] = dict(self.migration)
+        return out
 
 
 class _Waiter:

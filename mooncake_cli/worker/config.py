@@ -50,6 +50,9 @@ class WorkerConfig:
     heartbeat: float = described(1.0, "seconds between registrations with the conductor")
     drain_timeout: float = described(30.0, "seconds in-flight requests may take to finish on "
                                            "shutdown")
+    write_behind: bool = described(True, "decode: put each generated KV block into the store "
+                                         "as it fills, so that another decode worker can take "
+                                         "a request over without recomputing it (needs --store)")
     max_waiting: int = described(256, "requests a worker queues before refusing more (503)")
     max_connections: int = described(4096, "HTTP connections (and requests) at once; 503 "
                                            "beyond")

@@ -29,6 +29,7 @@ from mooncake_cli.worker.kvmemory import KVMemory
 from mooncake_cli.worker.parking import Parking
 from mooncake_cli.worker.prefix import PrefixStore
 from mooncake_cli.worker.runtime import WorkerRuntime
+from mooncake_cli.worker.writebehind import WriteBehind
 
 log = logging.getLogger("mooncake.worker")
 RESERVATION_TTL = 120.0  # seconds a reservation waits for its /v1/generate before it is freed
@@ -43,6 +44,8 @@ class DecodeWorker(WorkerRuntime):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         prefix = PrefixStore(self.store, self.cache) if self.store is not None else None
+        self.behind = WriteBehind(prefix, self.cache, self.ns, self.metrics) \
+            if prefix is not None and self.cfg.write_behind else None
         self._cv = threading.Condition()
         self._order = itertools.count()
         self._active: set[str] = set()  # reserved, running or preempted request ids
@@ -149,17 +152,24 @@ class DecodeWorker(WorkerRuntime):
             if len(tokens) != res.num_tokens:
                 raise bad(f"{len(tokens)} prompt tokens, but the reservation holds "
                           f"the KV of {res.num_tokens}", "token_ids")
+            prompt = body.resume.prompt_tokens if body.resume else len(tokens)
             try:
                 seq = self.runner.new_sequence(tokens, params)
             except ModelError as e:
                 raise bad(str(e), "token_ids") from None
-            self._check_fits(len(tokens), params.max_tokens)
+            seq.prompt_ids = tokens[:prompt]
+            self._check_fits(len(tokens), max(0, params.max_tokens - (len(tokens) - prompt)))
             self.metrics.add("kv_bytes_loaded", len(res.blocks) * self.ns.block_bytes)
             seq.block_table = res.blocks
             seq.num_computed = len(tokens)
-            self._append(seq, first)
             req = DecodeRequest(rid, seq, next(self._order))
+            if body.resume is not None:  # count what the client has had as sent already
+                sent = self.model.tokenizer.decode(seq.output_ids) if seq.output_ids else ""
+                req.sent_text = sent[:body.resume.sent_chars]
+            self._append(seq, first)
             req.token(first, self.model.tokenizer.decode)
+            if self.behind is not None:
+                self.behind.follow(req)
         except Exception as e:
             with self._cv:
                 self._free(rid, res.blocks)
@@ -190,6 +200,8 @@ class DecodeWorker(WorkerRuntime):
     def _end(self, req: DecodeRequest, error: str | None = None) -> None:
         """Finish `req` (caller holds the lock): free its blocks, send its final event."""
         self._free(req.request_id, req.seq.block_table)
+        if self.behind is not None:
+            self.behind.forget(req)
         req.finish(error)
         for queue in (self._running, self._preempted):
             if req in queue:
@@ -234,6 +246,8 @@ class DecodeWorker(WorkerRuntime):
                         self._end(r, f"decode step failed: {e}")
                 continue
             self.metrics.add("generated_tokens", len(batch))
+            if self.behind is not None:  # before a finished sequence's blocks are freed
+                self.behind.after_step(batch)
             with self._cv:
                 for r, token in zip(batch, tokens, strict=True):
                     r.token(token, self.model.tokenizer.decode)
@@ -256,3 +270,5 @@ class DecodeWorker(WorkerRuntime):
             for rid, res in list(self._reserved.items()):
                 self._free(rid, res.blocks)
             self._reserved.clear()
+        if self.behind is not None:
+            self.behind.close()

@@ -50,6 +50,10 @@ class WorkerMetrics:
         "parked_blocks": "KV blocks of preempted sequences held in the store when parked.",
         "reloaded_blocks": "KV blocks of resumed sequences read back from the store.",
         "recomputed_tokens": "Tokens of resumed sequences whose KV was recomputed.",
+        "write_behind_blocks": "Generated KV blocks a decode worker put into the store as they "
+                               "filled (for another decode worker to take its requests over).",
+        "write_behind_dropped_blocks": "Generated KV blocks not stored because the store was "
+                                       "slower than the decode steps.",
     }
 
     def __init__(self, role: str, gauges: dict[str, Callable[[], float]]) -> None:

@@ -103,11 +103,15 @@ class PrefixStore:
     def put(self, keys: Sequence[str], blocks: Sequence[int]) -> list[str]:
         """Put each block under its key; the keys stored. Failures are logged, never raised
         (an object already stored by another worker counts as not stored by us)."""
+        return self.put_tensors(keys, [self._host(b) for b in blocks]) if keys else []
+
+    def put_tensors(self, keys: Sequence[str], data: Sequence[torch.Tensor],
+                    config: ReplicateConfig | None = None) -> list[str]:
+        """`put` of host copies of blocks (`config`: the default places one replica here)."""
         if not keys:
             return []
         try:
-            errors = self.store.batch_put(list(keys), [self._host(b) for b in blocks],
-                                          self.put_config)
+            errors = self.store.batch_put(list(keys), list(data), config or self.put_config)
         except MooncakeError as e:  # a StoreError, or the transfer engine's own
             log.warning("storing %d KV blocks failed: %s", len(keys), e)
             return []
