@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from mooncake_cli import __version__
+from mooncake_cli import __version__, extras
 from mooncake_cli.config import read_toml
 from mooncake_cli.interfaces import (
     ConfigError,
@@ -81,6 +81,11 @@ class MooncakeGroup(TyperGroup):
             out = ctx.obj if isinstance(ctx.obj, Out) else Out()
             if out.log_level == "debug":
                 out.err.print(traceback.format_exc(), markup=False)
+            missing = extras.missing_line(e)  # an optional package: the extra to install
+            if missing is not None:
+                out.err.print(f"[red]error:[/red] {escape(missing)}", markup=True,
+                              soft_wrap=True)
+                raise typer.Exit(extras.EXIT_CODE) from None
             code = exit_code(e)
             what = "error" if code != 70 else "internal error"
             msg = str(e) or type(e).__name__

@@ -103,11 +103,14 @@ def config_section() -> list[str]:
 
 def exit_codes() -> list[tuple[int, str]]:
     from mooncake_cli.app import EXIT_CODES
+    from mooncake_cli.extras import EXIT_CODE as EXTRA_CODE
 
     rows = [(0, "success")]
     rows += [(code, EXIT_PROSE.get(kind.__name__) or " ".join((kind.__doc__ or "").split()))
              for kind, code in EXIT_CODES]
-    rows += [(70, "an internal error (a bug): run with --log-level debug for the traceback"),
+    rows += [(EXTRA_CODE, "an optional package is not installed: the error line names the "
+                          "extra that installs it (pip install 'mooncake-cli[EXTRA]')"),
+             (70, "an internal error (a bug): run with --log-level debug for the traceback"),
              (130, "interrupted by Ctrl-C")]
     return sorted(rows)
 

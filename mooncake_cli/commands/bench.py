@@ -7,6 +7,7 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape  # '[upstream]' in a hint is text
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -61,7 +62,7 @@ def _human(reports: list[Report]) -> Any:
         con.print(t)
         skipped = {k: v for rep in reports for k, v in rep.skipped.items()}
         for k, v in skipped.items():
-            con.print(f"[yellow]{k} skipped:[/yellow] {v}", soft_wrap=True)
+            con.print(f"[yellow]{k} skipped:[/yellow] {escape(v)}", soft_wrap=True)
     return draw
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape  # '[upstream]' in a hint is text
 from rich.table import Table
 
 from mooncake_cli.bench.store import BenchStoreConfig, Report, run
@@ -58,7 +59,7 @@ def _human(reports: list[Report], cfg: BenchStoreConfig) -> Any:
                 what = ""
         con.print(t)
         for k, v in {k: v for rep in reports for k, v in rep.skipped.items()}.items():
-            con.print(f"[yellow]{k} skipped:[/yellow] {v}", soft_wrap=True)
+            con.print(f"[yellow]{k} skipped:[/yellow] {escape(v)}", soft_wrap=True)
     return draw
 
 
