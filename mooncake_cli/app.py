@@ -140,6 +140,7 @@ def _register() -> None:
         models,
         plugins,
         store,
+        top,
         transfer,
         workers,
     )
@@ -154,6 +155,7 @@ def _register() -> None:
     app.command("doctor")(doctor)
     app.command("plugins")(plugins.plugins)
     app.add_typer(models.app, name="models")
+    app.command("top")(top.top)
 
 
 _register()
