@@ -19,9 +19,7 @@ import logging
 import math
 import time
 import uuid
-from contextlib import aclosing
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
 from typing import Any
 
 from mooncake_cli.api import openai as oa
@@ -31,26 +29,17 @@ from mooncake_cli.api.schema import validate
 from mooncake_cli.auth import Signer
 from mooncake_cli.conductor import answers
 from mooncake_cli.conductor.bookings import Bookings
+from mooncake_cli.conductor.decoding import Decoding, Placed
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
-from mooncake_cli.conductor.migration import DecodeLost, Progress
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
-from mooncake_cli.jsonhttp import AsyncPeer, PeerError
+from mooncake_cli.jsonhttp import AsyncPeer
 from mooncake_cli.kvkeys import block_keys
 
 log = logging.getLogger(__name__)
-HEALTH_TIMEOUT = 2.0  # seconds a failed instance has to answer /health to count as alive
-
-
-@dataclass
-class Placed:
-    decision: Decision
-    prefill_url: str
-    decode_url: str
-    answer: roles.PrefillAnswer
 
 
 class Conductor:
@@ -68,13 +57,13 @@ class Conductor:
         self.metrics = metrics
         self.retries = retries
         self.timeout = timeout  # seconds a worker may stay silent within a request
-        self.max_migrations = max_migrations
         self.bookings = Bookings(scheduler, instances, metrics, explain_path)
         self.queue = WaitQueue(queue_limit, scheduler.slo.ttft_s, scheduler.decode_retry,
                                metrics.add, lambda d: scheduler.estimated_ttft(d.placement),
                                scheduler.decode_wait)
         metrics.queue_length = lambda: len(self.queue)
         self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
+        self.decoding = Decoding(self, max_migrations, model.eos_token_ids)
 
     @property
     def peer(self) -> AsyncPeer:
@@ -120,18 +109,18 @@ class Conductor:
         self.metrics.add("requests_total")
         ticket = ticket or Ticket(start)
         try:
-            placed = await self._place(rid, ids, req, ticket)
+            placed = await self.place(rid, ids, req, ticket)
         finally:
             if ticket.waited_s:
                 self.metrics.add("queued_total")
                 self.metrics.queue_wait.observe(ticket.waited_s)
-        tokens = self._decode(placed, rid, ids, req, ticket)
+        tokens = self.decoding.answer(placed, rid, ids, req, ticket)
         cached = placed.answer.cached_tokens
         if req.stream:
             return answers.sse(req, rid, tokens, start, self.metrics, len(ids), cached)
         return await answers.collect(req, rid, tokens, start, self.metrics, len(ids), cached)
 
-    async def _place(self, rid: str, ids: list[int], req: oa.Completion,
+    async def place(self, rid: str, ids: list[int], req: oa.Completion,
                      ticket: Ticket, migrating: bool = False) -> Placed:
         """Queue for room, prefill, and place again when an instance fails (up to `retries`
         times) or the decode side turns out to be full after all (back to the queue's head:
@@ -167,7 +156,7 @@ class Conductor:
                     continue
                 attempt += 1
                 if code is ErrorCode.DECODE_UNREACHABLE:  # the decode worker died: again
-                    await self._alive(dname, durl, msg)
+                    await self.decoding.alive(dname, durl, msg)
                     self.metrics.add("rerouted_total")
                     tried.append(dname)
                     continue
@@ -226,109 +215,10 @@ class Conductor:
                                        timeout_s=self.timeout)
             return ans, purl, durl
         except (OSError, ValueError) as e:
-            await self._alive(pname, purl, f"prefill request failed: {e}")
+            await self.decoding.alive(pname, purl, f"prefill request failed: {e}")
             self.metrics.add("rerouted_total")
             tried.append(pname)
             return None, purl, durl
-
-    async def _decode(self, placed: Placed, rid: str, ids: list[int], req: oa.Completion,
-                      ticket: Ticket) -> AsyncIterator[dict[str, Any]]:
-        """The answer's events; a decode worker that fails hands the request to another one
-        (up to `max_migrations` times: `mooncake_cli.conductor.migration`)."""
-        progress = Progress(list(ids), req.sampling)
-        while True:
-            try:
-                async with aclosing(self._stream_from(placed, progress, req, ticket)) as events:
-                    async for ev in events:
-                        yield ev
-                return
-            except DecodeLost as lost:
-                alive = await self._alive(lost.name, lost.url, lost.reason)
-                done = progress.complete(progress.stop_ids(self.model.eos_token_ids))
-                if done is not None:  # only the final event was lost
-                    yield {"finish_reason": done, "completion_tokens": len(progress.tokens)}
-                    return
-                if progress.moved >= self.max_migrations:
-                    self.metrics.add("errors_total")
-                    raise ServingError(ErrorCode.UPSTREAM_FAILED, f"{lost} (moved "
-                                       f"{progress.moved} times already, the limit)") from None
-                move = progress.record(lost, alive)
-                ticket.migrations.append(move)
-                self.metrics.add("migrations_total")
-                log.warning("request %s: %s; moving it after %d tokens", rid, lost,
-                            len(progress.tokens))
-                placed = await self._move(rid, progress, req, ticket, move)
-
-    async def _move(self, rid: str, progress: Progress, req: oa.Completion, ticket: Ticket,
-                    move: dict[str, Any]) -> Placed:
-        """Place the rest of the answer: prefill of the prompt and what was streamed."""
-        moved = replace(req, sampling=progress.prefill_sampling())
-        ids = progress.next_prompt()
-        placed = await self._place(f"{rid}.m{progress.moved}", ids, moved,
-                                   Ticket(migration=move), migrating=True)
-        cached = placed.answer.cached_tokens
-        move.update(to=placed.decision.decode, prompt_tokens=len(ids), reused_tokens=cached)
-        self.metrics.add("migration_reused_tokens_total", cached)
-        self.metrics.add("migration_recomputed_tokens_total", len(ids) - cached)
-        return placed
-
-    async def _stream_from(self, placed: Placed, progress: Progress, req: oa.Completion,
-                           ticket: Ticket) -> AsyncIterator[dict[str, Any]]:
-        """The events of one decode worker; DecodeLost when it fails before the final one."""
-        rid = placed.answer.request_id
-        body = roles.GenerateRequest(request_id=rid, token_ids=progress.next_prompt(),
-                                     sampling=req.sampling, resume=progress.resume(),
-                                     first_token=placed.answer.first_token)
-        sreq = Request(rid, len(body.token_ids), req.sampling.max_tokens, ())
-        dname, durl = placed.decision.decode or "", placed.decode_url
-        out = 0
-        try:
-            async for ev in self.peer.events(durl + "/v1/generate",
-                                             body.model_dump_json().encode(),
-                                             timeout_s=self.timeout):
-                if ev.get("error") or ev.get("finish_reason") == "error":
-                    raise DecodeLost(dname, durl, str(ev.get("error") or "an error event"))
-                if out == 0 and "token" in ev:
-                    self._first_token(ticket, progress)
-                out += "token" in ev
-                progress.saw(ev)
-                yield ev
-        except OSError as e:
-            if progress.finished:  # the answer is whole; only its end of stream was lost
-                return
-            raise DecodeLost(dname, durl, str(e)) from None
-        except PeerError as e:
-            if e.status >= 500:
-                raise DecodeLost(dname, durl, e.message) from None
-            self.metrics.add("errors_total")
-            raise ServingError(ErrorCode.UPSTREAM_FAILED,
-                               f"decode worker {dname} failed: {e.message}") from None
-        finally:
-            self.bookings.release_decode(placed.decision.decode, sreq)
-            self.scheduler.observe_output(out)
-            self.queue.notify()
-
-    def _first_token(self, ticket: Ticket, progress: Progress) -> None:
-        """Learn from the first token of a placement: the TTFT estimate's error, or the
-        latency a migration added."""
-        if progress.lost_at is not None:
-            self.metrics.migration_gap.observe(time.monotonic() - progress.lost_at)
-            progress.lost_at = None
-        elif ticket.placed_ttft_s is not None:
-            after = time.monotonic() - ticket.arrived - ticket.waited_s
-            self.scheduler.observe_ttft(ticket.placed_ttft_s, after)
-
-    async def _alive(self, name: str, url: str, why: str) -> bool:
-        """Whether instance `name`, which failed a request, still answers /health: a busy or
-        stalled worker is not a dead one. A dead one is marked so."""
-        try:
-            ans = await self.peer.call(url + "/health", timeout_s=HEALTH_TIMEOUT)
-            if ans.status == 200:
-                return True
-        except (OSError, ValueError):
-            pass
-        self.instances.mark_dead(name, why)
-        return False
 
     async def close_peer(self) -> None:
         """Close the running loop's pooled client."""
