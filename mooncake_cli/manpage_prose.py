@@ -122,10 +122,12 @@ PROSE: dict[str, dict[str, Any]] = {
              "mooncake bench store --compare-upstream"),
             ("Measure this machine for the conductor's cost model:",
              "mooncake bench profile --model demo-25m --threads 1 -o profile.json"),
-            ("The FAST'25 trace through every scheduling policy, simulated:",
-             "mooncake bench trace --simulate --trace conversation_trace.jsonl --preset paper"),
+            ("The FAST'25 trace (shipped with mooncake-cli) through every scheduling policy, "
+             "simulated:", "mooncake bench trace --simulate --preset paper"),
             ("The same trace, live, through 2 prefill and 1 decode workers per policy:",
-             "mooncake bench trace --trace conversation_trace.jsonl --local 2,1 --limit 200"),
+             "mooncake bench trace --trace conversation --local 2,1 --limit 200"),
+            ("Another trace file, gzipped or not:",
+             "mooncake bench trace --simulate --trace my_trace.jsonl.gz"),
         ],
     },
     "conductor": {

@@ -18,8 +18,7 @@ from mooncake_cli.store.eviction.bounds import belady, ceiling
 from mooncake_cli.store.eviction.compare import compare
 from mooncake_cli.store.eviction.replay import replay
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
-needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"{TRACE} not present")
+TRACE = "conversation"  # the FAST'25 trace shipped with the package (mooncake_cli/data)
 runner = CliRunner()
 
 # (prefix hits, block hits, evictions) of the first 1,000 requests (27,305 block accesses,
@@ -61,7 +60,7 @@ def plain_lru(requests: list[tuple[int, ...]], capacity: int) -> int:
     return hits
 
 
-@needs_trace
+
 def test_golden_replay_of_the_first_thousand_requests() -> None:
     reqs = first(1000)
     rep = compare(reqs, list(GOLDEN[215]), [0.01, 0.05, 0.20])
@@ -77,7 +76,7 @@ def test_golden_replay_of_the_first_thousand_requests() -> None:
             assert r["block_hits"] <= BELADY[cap] <= rep["ceiling"]["block_hits"]
 
 
-@needs_trace
+
 def test_lru_through_the_master_matches_a_plain_lru_cache() -> None:
     reqs = first(1000)
     for cap in (1075, 4302):

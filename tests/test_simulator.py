@@ -20,8 +20,7 @@ from mooncake_cli.bench.trace_file import TraceRequest, load_trace, prefix_ceili
 from mooncake_cli.conductor.costmodel import paper
 from mooncake_cli.interfaces import ConfigError
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
-needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"{TRACE} not present")
+TRACE = "conversation"  # the FAST'25 trace shipped with the package (mooncake_cli/data)
 runner = CliRunner()
 
 
@@ -83,7 +82,7 @@ def test_colocated_prefill_stalls_running_decodes(tmp_path: Path) -> None:
     assert split[0].longest < stall / 10  # its decode instance never stalls
 
 
-@needs_trace
+
 def test_simulation_is_deterministic_with_a_seed() -> None:
     reqs = load_trace(str(TRACE), 2.0, 400)
     cfg = SimConfig(prefill=4, decode=2)
@@ -99,7 +98,7 @@ def test_simulation_is_deterministic_with_a_seed() -> None:
     assert all(r.finished is not None for r in recs)
 
 
-@needs_trace
+
 def test_cli_slice_json_explain_and_plot(tmp_path: Path) -> None:
     explain, plots = tmp_path / "explain.jsonl", tmp_path / "plots"
     res = runner.invoke(app, ["--json", "bench", "trace", "--simulate", "--trace", str(TRACE),
@@ -124,7 +123,7 @@ def test_cli_slice_json_explain_and_plot(tmp_path: Path) -> None:
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@needs_trace
+
 def test_cli_ttft_slo_answers_429() -> None:
     res = runner.invoke(app, ["--json", "bench", "trace", "--simulate", "--trace", str(TRACE),
                               "--limit", "200", "--prefill", "1", "--decode", "0",
@@ -158,7 +157,7 @@ def test_cli_bad_input(args: list[str], match: str) -> None:
     assert match in res.output
 
 
-@needs_trace
+
 def test_cli_with_a_profile_cost_model(tmp_path: Path) -> None:
     doc = {"schema": "mooncake.profile/1", "model": "tiny", "device": "cpu", "block_tokens": 16,
            "kv_bytes_per_token": 4096, "bandwidth_bytes_per_s": 1e9,

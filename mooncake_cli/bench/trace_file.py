@@ -1,15 +1,27 @@
 """Mooncake-format traces: one JSON object per line with `timestamp` (ms), `input_length`,
-`output_length` and `hash_ids` (one id per 512-token block, the last one possibly partial)."""
+`output_length` and `hash_ids` (one id per 512-token block, the last one possibly partial).
+
+A trace is a file (plain or gzipped, by its `.gz` suffix) or the name of one shipped with the
+package (`PACKAGED`, in mooncake_cli/data): `load_trace("conversation")` reads the FAST'25
+conversation trace on any install.
+"""
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
+from typing import TextIO
 
 from mooncake_cli.interfaces import ConfigError
 
 TRACE_BLOCK_TOKENS = 512
+PACKAGED = {"conversation": "conversation_trace.jsonl.gz"}  # name -> file in mooncake_cli/data
+DEFAULT_TRACE = "conversation"
 
 
 @dataclass(frozen=True)
@@ -30,8 +42,23 @@ def _int(doc: dict[str, object], key: str, where: str) -> int:
     return int(v)
 
 
+def _open(path: str) -> TextIO:
+    """The lines of file `path`, or of the packaged trace named `path` when no file is there."""
+    try:
+        if path in PACKAGED and not os.path.exists(path):
+            raw = (resources.files("mooncake_cli") / "data" / PACKAGED[path]).open("rb")
+            return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8")
+        if path.endswith(".gz"):
+            return gzip.open(path, "rt", encoding="utf-8")
+        return open(path, encoding="utf-8")
+    except FileNotFoundError:
+        names = ", ".join(PACKAGED)
+        raise ConfigError(f"trace {path} does not exist (packaged traces: {names})") from None
+
+
 def load_trace(path: str, time_scale: float = 1.0, limit: int | None = None) -> list[TraceRequest]:
-    """Requests of `path` sorted by arrival; timestamps are divided by `time_scale`.
+    """Requests of `path` (a file, or a name in PACKAGED) sorted by arrival; timestamps are
+    divided by `time_scale`.
 
     ConfigError names the file and line of anything malformed."""
     if not time_scale > 0:
@@ -39,11 +66,7 @@ def load_trace(path: str, time_scale: float = 1.0, limit: int | None = None) -> 
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, not {limit}")
     out: list[TraceRequest] = []
-    try:
-        fh = open(path, encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"trace {path} does not exist") from None
-    with fh:
+    with _open(path) as fh:
         for lineno, line in enumerate(fh, 1):
             if limit is not None and len(out) >= limit:
                 break

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mooncake_cli.bench.sim_plot import require_matplotlib
-from mooncake_cli.bench.trace_file import load_trace
+from mooncake_cli.bench.trace_file import DEFAULT_TRACE, load_trace
 from mooncake_cli.output import Out, ProgressBars
 from mooncake_cli.store.eviction.compare import compare, parse_policies, parse_shares
 
@@ -72,8 +72,10 @@ def _plot(rep: dict[str, Any], path: str) -> None:
 
 def store_policy(
     ctx: typer.Context,
-    trace_file: str = typer.Option(..., "--trace", metavar="FILE", help="Mooncake-format "
-                                   "JSONL trace (hash_ids of 512-token blocks)."),
+    trace_file: str = typer.Option(DEFAULT_TRACE, "--trace", metavar="FILE", help="Mooncake-"
+                                   "format JSONL trace (hash_ids of 512-token blocks; .gz read "
+                                   "as gzip), or 'conversation': the FAST'25 conversation "
+                                   "trace shipped with mooncake-cli."),
     policy: str = typer.Option(None, "--policy", help="all (default: lru, lfu, adaptive, arc, "
                                "prefix) or comma-separated policy names, plugins' included."),
     capacity: str = typer.Option(None, "--capacity", help="Capacities as shares of the "

@@ -12,6 +12,7 @@ from rich.table import Table
 from mooncake_cli.bench.sim_config import SimConfig
 from mooncake_cli.bench.sim_plot import require_matplotlib, write_plots
 from mooncake_cli.bench.sim_run import simulate
+from mooncake_cli.bench.trace_file import DEFAULT_TRACE
 from mooncake_cli.config import load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, ProgressBars
@@ -56,9 +57,11 @@ def _human(rep: dict[str, Any], plots: list[str]) -> Any:
 
 def trace(
     ctx: typer.Context,
-    trace_file: str = typer.Option(..., "--trace", metavar="FILE", help="Mooncake-format "
-                                   "JSONL trace (timestamp ms, input_length, output_length, "
-                                   "hash_ids of 512-token blocks)."),
+    trace_file: str = typer.Option(DEFAULT_TRACE, "--trace", metavar="FILE", help="Mooncake-"
+                                   "format JSONL trace (timestamp ms, input_length, "
+                                   "output_length, hash_ids of 512-token blocks; .gz read as "
+                                   "gzip), or 'conversation': the FAST'25 conversation trace "
+                                   "shipped with mooncake-cli."),
     simulate_: bool = typer.Option(False, "--simulate", help="Run the scheduler against "
                                    "simulated instances (else: live, with --url or --local)."),
     preset: str = typer.Option(None, "--preset", help="paper (default: the FAST'25 setup, "
