@@ -60,7 +60,6 @@ def plain_lru(requests: list[tuple[int, ...]], capacity: int) -> int:
     return hits
 
 
-
 def test_golden_replay_of_the_first_thousand_requests() -> None:
     reqs = first(1000)
     rep = compare(reqs, list(GOLDEN[215]), [0.01, 0.05, 0.20])
@@ -74,7 +73,6 @@ def test_golden_replay_of_the_first_thousand_requests() -> None:
         assert row["belady"]["block_hits"] == BELADY[cap]
         for r in row["policies"].values():
             assert r["block_hits"] <= BELADY[cap] <= rep["ceiling"]["block_hits"]
-
 
 
 def test_lru_through_the_master_matches_a_plain_lru_cache() -> None:

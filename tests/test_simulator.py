@@ -82,7 +82,6 @@ def test_colocated_prefill_stalls_running_decodes(tmp_path: Path) -> None:
     assert split[0].longest < stall / 10  # its decode instance never stalls
 
 
-
 def test_simulation_is_deterministic_with_a_seed() -> None:
     reqs = load_trace(str(TRACE), 2.0, 400)
     cfg = SimConfig(prefill=4, decode=2)
@@ -96,7 +95,6 @@ def test_simulation_is_deterministic_with_a_seed() -> None:
     recs, latency = disaggregated(reqs, "kvcache-centric", paper(), cfg)
     assert len(latency) == len(recs) == 400 and all(r.first_token for r in recs)
     assert all(r.finished is not None for r in recs)
-
 
 
 def test_cli_slice_json_explain_and_plot(tmp_path: Path) -> None:
@@ -121,7 +119,6 @@ def test_cli_slice_json_explain_and_plot(tmp_path: Path) -> None:
     assert len(lines) == 600 and all(len(x["candidates"]) == 4 for x in lines)
     for name in ("ttft_cdf.png", "hit_ratio.png"):
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
 
 
 def test_cli_ttft_slo_answers_429() -> None:
@@ -155,7 +152,6 @@ def test_cli_bad_input(args: list[str], match: str) -> None:
     res = runner.invoke(app, ["bench", "trace", *args])
     assert res.exit_code == 2, res.output
     assert match in res.output
-
 
 
 def test_cli_with_a_profile_cost_model(tmp_path: Path) -> None:
