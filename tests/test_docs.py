@@ -118,6 +118,17 @@ def test_the_docs_exist_and_each_shell_block_is_run_or_says_why_not() -> None:
     assert inventory()["run"] > 0
 
 
+def test_the_set_up_commands_are_the_ones_ci_runs() -> None:
+    """README's two set-up commands are what .ci/run runs first, on a clean clone."""
+    blocks, prose = md.scan(REPO / "README.md")
+    heading = next(p.line for p in prose if p.text.strip() == "## Set up")
+    setup = next(b for b in blocks if b.line > heading and b.lang in SHELL)
+    ci = [w for w in md.commands((REPO / ".ci" / "run").read_text(encoding="utf-8"))
+          if w[0] not in ("set", "cd")]
+    ours = list(md.commands(setup.body))
+    assert len(ours) == 2 and ci[:2] == ours, f"README: {ours}; .ci/run: {ci[:2]}"
+
+
 def test_every_mooncake_command_parses() -> None:
     bad: list[str] = []
     checked = 0
