@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -20,7 +21,7 @@ from mooncake_cli import jsonhttp
 from tests.conftest import wait_for
 from tests.helpers.live_cluster import LiveCluster
 from tests.helpers.prom import samples
-from tests.helpers.store_procs import REPO, Proc, _env, start_master, start_node
+from tests.helpers.store_procs import REPO, Proc, _env, read_line, start_master, start_node
 
 pytestmark = pytest.mark.timeout(900)
 # long enough for whole 16-token blocks: the second request reuses the first one's prefix
@@ -112,6 +113,23 @@ def test_once_json_reads_a_store_masters_metrics(cluster: LiveCluster, store: Pr
     assert snap["figures"]["cache_size"]["store_capacity_bytes"] == \
         summed(s, "mooncake_store_capacity_bytes") > 0
     assert snap["figures"]["evictions"]["store"] == summed(s, "mooncake_store_evictions_total")
+
+
+def test_json_alone_streams_one_snapshot_per_refresh_with_rates(cluster: LiveCluster) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", "top",
+                             "--conductor", cluster.url, "--interval", "0.2"],
+                            stdout=subprocess.PIPE, cwd=REPO, env=_env())
+    try:
+        first, second = read_line(proc, 60), read_line(proc, 60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert rc == 0 and second["at"] > first["at"]
+    assert first["figures"]["bytes_moved"]["rate_per_s"] is None  # nothing to compare with
+    assert second["figures"]["bytes_moved"]["rate_per_s"] == 0  # an idle cluster
+    assert {link["rate_per_s"] for link in second["links"]} == {0}
 
 
 def test_bad_input_is_one_error_line(cluster: LiveCluster) -> None:
