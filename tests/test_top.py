@@ -145,6 +145,23 @@ def test_bad_input_is_one_error_line(cluster: LiveCluster) -> None:
     assert done.returncode == 2 and "is this a mooncake conductor" in done.stderr
 
 
+def test_a_conductor_with_an_api_key_is_read_with_that_key() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", "conductor",
+                             "start", "--model", "smollm2-135m", "--port", "0", "--api-key",
+                             "k-top"], stdout=subprocess.PIPE, cwd=REPO, env=_env())
+    try:
+        url = read_line(proc, 120)["url"]
+        refused = top("--conductor", url, "--once")
+        assert refused.returncode == 2 and "--api-key" in refused.stderr, refused.stderr
+        snap = once_json(url, "--api-key", "k-top")
+        assert snap["conductor"] == url and snap["instances"] == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
 class Tmux:
     """A tmux server of its own (socket name) running one command in a 200x60 window."""
 
