@@ -98,11 +98,11 @@ def test_simulation_is_deterministic_with_a_seed() -> None:
 
 
 def test_cli_slice_json_explain_and_plot(tmp_path: Path) -> None:
-    explain, plots = tmp_path / "explain.jsonl", tmp_path / "plots"
+    explain, plot = tmp_path / "explain.jsonl", tmp_path / "plots" / "trace.png"
     res = runner.invoke(app, ["--json", "bench", "trace", "--simulate", "--trace", str(TRACE),
                               "--limit", "300", "--prefill", "4", "--decode", "2",
                               "--colocated", "6", "--policy", "least-load,kvcache-centric",
-                              "--explain", str(explain), "--plot", str(plots)])
+                              "--explain", str(explain), "--plot", str(plot)])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.stdout)
     assert rep["requests"] == 300 and set(rep["policies"]) == {"least-load", "kvcache-centric"}
@@ -117,8 +117,7 @@ def test_cli_slice_json_explain_and_plot(tmp_path: Path) -> None:
     assert "least-load/kvcache-centric" in rep["ratios"]
     lines = [json.loads(x) for x in explain.read_text().splitlines()]
     assert len(lines) == 600 and all(len(x["candidates"]) == 4 for x in lines)
-    for name in ("ttft_cdf.png", "hit_ratio.png"):
-        assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rep["plot"] == str(plot)
 
 
 def test_cli_ttft_slo_answers_429() -> None:
@@ -136,8 +135,8 @@ def test_plot_without_matplotlib_fails_up_front(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if not installed
     path = write_trace(tmp_path / "t.jsonl", [(0, 100, 2, [1])])
     res = runner.invoke(app, ["bench", "trace", "--simulate", "--trace", path,
-                              "--plot", str(tmp_path / "plots")])
-    assert res.exit_code == 2 and "pip install matplotlib" in res.output
+                              "--plot", str(tmp_path / "plots" / "t.png")])
+    assert res.exit_code == 2 and "pip install 'mooncake-cli[plot]'" in res.output
     assert not (tmp_path / "plots").exists()
 
 

@@ -13,8 +13,10 @@ from rich.table import Table
 
 from mooncake_cli.bench.session import Report, check_mode, run
 from mooncake_cli.bench.transfer import BenchTransferConfig, serve
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
+from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
 
@@ -106,6 +108,7 @@ def transfer(
                                           "workload through the upstream wheel (local mode)."),
     sweep: str = typer.Option(None, "--sweep", help="Block sizes to run for both ops, e.g. "
                               "64KiB,1MiB,16MiB,64MiB (one table)."),
+    plot: str = bench_plot.option("GB/s and p50 latency against block size, per op and row"),
 ) -> None:
     """Measure GB/s, transfers/s and latency of the transfer engine, next to upstream's wheel
     and the physical limit (a plain socket stream for tcp, memcpy for shm)."""
@@ -117,6 +120,8 @@ def transfer(
                compare_upstream=compare_upstream)
     base = c.transfer_config(out)
     registry = Registry.from_env()
+    if plot and cfg.mode == "target":
+        raise ConfigError("--plot: --mode target serves a buffer and measures nothing")
     if cfg.mode == "target":
         def ready(info: dict[str, Any]) -> None:
             out.event(info, f"serving segment [bold]{info['segment']}[/bold] "
@@ -127,13 +132,16 @@ def transfer(
             serve(cfg, base, registry, ready, lambda: c.wait_for_signal(stop))
         return
     check_mode(cfg)
+    bench_plot.check(plot)
     if out.json:
         reports = run(cfg, base, registry, sweep, out.config_file)
     else:
         bar = _Bar(out.err)
         with bar.bar:
             reports = run(cfg, base, registry, sweep, out.config_file, bar)
-    out.emit({"reports": [r.to_dict() for r in reports]}, _human(reports))
+    data = {"reports": [r.to_dict() for r in reports]}
+    bench_plot.draw(out, "transfer", data, plot)
+    out.emit(data, _human(reports))
 
 
 from mooncake_cli.commands import bench_trace  # noqa: E402

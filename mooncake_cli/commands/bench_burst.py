@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, ProgressBars
 
@@ -86,6 +87,8 @@ def burst(
     warmup: int = typer.Option(8, "--warmup", min=0,
                                help="Short requests sent one by one before the burst, so the "
                                     "conductor's cost model has seen the workers."),
+    plot: str = bench_plot.option("the outcomes, latency percentiles and tokens/s of each "
+                                  "run"),
 ) -> None:
     """Concurrent chat requests without max_tokens: answered, 429, 503, throughput, latency."""
     from mooncake_cli.bench.burst import BurstConfig, run
@@ -99,10 +102,12 @@ def burst(
         raise ConfigError(f"--kv-blocks {kv_blocks!r}: use N or N,N,... (blocks >= 1)") from None
     cfg = BurstConfig(url or "", local, model, requests, max_tokens, ttft_slo, sizes, threads,
                       api_key or "", timeout, warmup, clients)
+    bench_plot.check(plot)
     if out.json:
         rep = run(cfg, lambda *_: None)
     else:
         bars = ProgressBars(out.err)
         with bars.bar:
             rep = run(cfg, bars)
+    bench_plot.draw(out, "burst", rep, plot)
     out.emit(rep, _human(rep))

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mooncake_cli.bench.chaos import BenchChaosConfig, ChaosReport, run
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
 from mooncake_cli.output import Out
@@ -63,6 +64,8 @@ def chaos(
                                      "store nodes contributes [default: 256MiB]."),
     seed: int = typer.Option(None, "--seed", help="Seed of the kill moments and the workload "
                              "[default: 0]."),
+    plot: str = bench_plot.option("the recovery times after each kill and put throughput "
+                                  "and latency against value size, HA on vs off"),
 ) -> None:
     """Kill the HA store leader (SIGKILL) at random moments under a put/get/remove workload:
     acknowledged puts lost, removed keys back, wrong bytes, time until gets work again; then
@@ -72,6 +75,7 @@ def chaos(
                sizes=sizes, duration=duration, segment_size=segment_size, seed=seed)
     base = c.transfer_config(out)
     registry = Registry.from_env()
+    bench_plot.check(plot)
     if out.json:
         report = run(cfg, base, registry)
     else:
@@ -80,4 +84,6 @@ def chaos(
         bar = _Bar(out.err)
         with bar.bar:
             report = run(cfg, base, registry, bar)
-    out.emit(report.to_dict(), _human(report))
+    data = report.to_dict()
+    bench_plot.draw(out, "chaos", data, plot)
+    out.emit(data, _human(report))

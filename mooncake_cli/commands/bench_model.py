@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.output import Out
 
 
@@ -52,11 +53,14 @@ def model(
     prompt_tokens: int = typer.Option(2048, "--prompt-tokens", min=16,
                                       help="Prompt length of the TTFT figure."),
     repeats: int = typer.Option(2, "--repeats", min=1, help="Best of this many runs per row."),
+    plot: str = bench_plot.option("decode tokens/s and TTFT, ours beside transformers"),
 ) -> None:
     """Decode tokens/s (1 and N streams), TTFT and load memory: ours vs transformers."""
     from mooncake_cli.bench.model import ModelBenchConfig, run
 
     out: Out = ctx.obj
     cfg = ModelBenchConfig(model, dtype, threads, tokens, concurrency, prompt_tokens, repeats)
+    bench_plot.check(plot)
     rep = run(cfg, lambda msg: out.err.print(msg) if not out.json else None)
+    bench_plot.draw(out, "model", rep, plot)
     out.emit(rep, _human(rep))

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.config import load
 from mooncake_cli.output import Out
 
@@ -83,6 +84,8 @@ def profile(
                                   "[default: 10GB]."),
     output: str = typer.Option(None, "--output", "-o", help="Profile file to write "
                                "[default: profile.json]."),
+    plot: str = bench_plot.option("measured against predicted times, fitted and held-out "
+                                  "points"),
 ) -> None:
     """Time prefill over (input length, cached prefix) and decode steps over batch size with
     the real engine, fit the conductor's cost model, write profile.json and print the fit
@@ -95,10 +98,12 @@ def profile(
                dtype=dtype, block_size=block_size, chunk_size=chunk_size, lengths=lengths,
                cached=cached, batches=batches, contexts=contexts, repeats=repeats,
                threads=threads, bandwidth=bandwidth, output=output)
+    bench_plot.check(plot)
     if out.json:
         rep = run_profile(cfg)
     else:
         bar = _Bar(out.err)
         with bar.bar:
             rep = run_profile(cfg, bar)
+    bench_plot.draw(out, "profile", rep, plot)
     out.emit(rep, _human(rep))

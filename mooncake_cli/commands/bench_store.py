@@ -11,6 +11,7 @@ from rich.markup import escape  # '[upstream]' in a hint is text
 from rich.table import Table
 
 from mooncake_cli.bench.store import BenchStoreConfig, Report, run
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
 from mooncake_cli.output import Out
@@ -89,6 +90,8 @@ def store(
                                "duration/rounds; ours÷ and p50÷ are the medians of the turns' "
                                "ratios, p50/p99 the medians of the turns' (robust to a noisy "
                                "host) [default: 3]."),
+    plot: str = bench_plot.option("GB/s against value size per operation, ours beside "
+                                  "upstream's with --compare-upstream"),
 ) -> None:
     """Measure put/get/batch GB/s and ops/s per value size, and exists / 4 KiB get latency;
     every row is read back and compared byte for byte."""
@@ -99,6 +102,7 @@ def store(
                tensor_sizes=tensor_sizes, rounds=rounds)
     base = c.transfer_config(out)
     registry = Registry.from_env()
+    bench_plot.check(plot)
     if out.json:
         reports = run(cfg, base, registry, out.config_file)
     else:
@@ -107,5 +111,7 @@ def store(
         bar = _Bar(out.err)
         with bar.bar:
             reports = run(cfg, base, registry, out.config_file, bar)
-    out.emit({"mode": cfg.mode, "duration": cfg.duration,
-              "reports": [r.to_dict() for r in reports]}, _human(reports, cfg))
+    data = {"mode": cfg.mode, "duration": cfg.duration,
+            "reports": [r.to_dict() for r in reports]}
+    bench_plot.draw(out, "store", data, plot)
+    out.emit(data, _human(reports, cfg))

@@ -3,7 +3,6 @@ through the real store master, next to Belady's bound and the infinite-cache cei
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import typer
@@ -11,13 +10,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from mooncake_cli.bench.sim_plot import require_matplotlib
 from mooncake_cli.bench.trace_file import DEFAULT_TRACE, load_trace
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.output import Out, ProgressBars
 from mooncake_cli.store.eviction.compare import compare, parse_policies, parse_shares
 
 
-def _human(rep: dict[str, Any], plot: str | None) -> Any:
+def _human(rep: dict[str, Any]) -> Any:
     def draw(con: Console) -> None:
         rows = rep["capacities"]
         t = Table(title=f"bench store-policy: {rep['requests']} requests, {rep['blocks']} block "
@@ -41,33 +40,7 @@ def _human(rep: dict[str, Any], plot: str | None) -> Any:
         t.add_row("belady (bound)", *(f"{r['belady']['block_hit_ratio']:.3f}" for r in rows))
         t.add_row("infinite cache", *(f"{rep['ceiling']['prefix_hit_ratio']:.3f}" for _ in rows))
         con.print(t)
-        if plot:
-            con.print(f"wrote {plot}")
     return draw
-
-
-def _plot(rep: dict[str, Any], path: str) -> None:
-    plt = require_matplotlib()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    rows = rep["capacities"]
-    xs = [r["share"] * 100 for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name in rows[0]["policies"]:
-        ax.plot(xs, [r["policies"][name]["prefix_hit_ratio"] for r in rows], marker="o",
-                label=name)
-    ax.plot(xs, [r["belady"]["block_hit_ratio"] for r in rows], "k--", marker="^",
-            label="belady (bound)")
-    ax.axhline(rep["ceiling"]["prefix_hit_ratio"], color="grey", linestyle=":",
-               label="infinite cache")
-    ax.set_xscale("log")
-    ax.set_xticks(xs, [f"{x:g}%" for x in xs])
-    ax.set_xlabel("capacity (share of the trace's distinct blocks)")
-    ax.set_ylabel("prefix-hit ratio")
-    ax.set_title(f"store eviction policies: {rep['requests']} requests")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
 
 
 def store_policy(
@@ -81,8 +54,8 @@ def store_policy(
     capacity: str = typer.Option(None, "--capacity", help="Capacities as shares of the "
                                  "trace's distinct blocks [default: 1%,5%,20%]."),
     limit: int = typer.Option(None, "--limit", help="Only the first N requests."),
-    plot: str = typer.Option(None, "--plot", metavar="FILE", help="Also draw the ratios "
-                             "against capacity to this PNG (needs matplotlib)."),
+    plot: str = bench_plot.option("the prefix-hit ratio against capacity per policy, with "
+                                  "Belady's bound and the ceiling"),
 ) -> None:
     """Replay a trace's block accesses through the store master under each eviction policy
     and print the prefix-hit ratio per policy and capacity, next to Belady's optimal bound
@@ -90,8 +63,7 @@ def store_policy(
     out: Out = ctx.obj
     names = parse_policies(policy)
     shares = parse_shares(capacity)
-    if plot:
-        require_matplotlib()  # fail before a long run, not after it
+    bench_plot.check(plot)
     requests = [r.hash_ids for r in load_trace(trace_file, limit=limit)]
     if out.json:
         rep = compare(requests, names, shares)
@@ -99,7 +71,5 @@ def store_policy(
         bars = ProgressBars(out.err)
         with bars.bar:
             rep = compare(requests, names, shares, bars)
-    if plot:
-        _plot(rep, plot)
-        rep["plot"] = plot
-    out.emit(rep, _human(rep, plot))
+    bench_plot.draw(out, "store-policy", rep, plot)
+    out.emit(rep, _human(rep))

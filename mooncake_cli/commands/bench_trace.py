@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from mooncake_cli.bench.sim_config import SimConfig
-from mooncake_cli.bench.sim_plot import require_matplotlib, write_plots
 from mooncake_cli.bench.sim_run import simulate
 from mooncake_cli.bench.trace_file import DEFAULT_TRACE
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.config import load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, ProgressBars
@@ -22,7 +22,7 @@ def _f(x: Any, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _human(rep: dict[str, Any], plots: list[str]) -> Any:
+def _human(rep: dict[str, Any]) -> Any:
     def draw(con: Console) -> None:
         s = rep["setup"]
         t = Table(title=f"bench trace --simulate: {rep['requests']} requests, {rep['model']}; "
@@ -49,8 +49,6 @@ def _human(rep: dict[str, Any], plots: list[str]) -> Any:
         con.print(f"infinite-cache ceiling: {rep['ceiling_hit_ratio']:.1%} of input tokens")
         for k, v in rep["ratios"].items():
             con.print(f"mean TTFT {k}: {v:.3f}")
-        for p in plots:
-            con.print(f"wrote {p}")
         con.print(f"simulated in {rep['wall_s']:.1f} s")
     return draw
 
@@ -90,8 +88,8 @@ def trace(
                                 "profile.json (mooncake.profile/1) instead of the paper's."),
     explain: str = typer.Option(None, "--explain", metavar="FILE", help="Write every "
                                 "decision with its per-candidate estimates as JSON lines."),
-    plot: str = typer.Option(None, "--plot", metavar="DIR", help="Write ttft_cdf.png, "
-                             "tbt_cdf.png and hit_ratio.png (needs matplotlib)."),
+    plot: str = bench_plot.option("TTFT by policy, the TTFT and TBT distributions and the "
+                                  "prefix-hit ratio over time"),
     url: str = typer.Option(None, "--url", help="Live replay against this running conductor "
                             "(http://HOST:PORT)."),
     local: str = typer.Option(None, "--local", metavar="P,D", help="Live replay: start a "
@@ -129,16 +127,12 @@ def trace(
                prefill=prefill, decode=decode, colocated=colocated, cache_tokens=cache_tokens,
                time_scale=time_scale, chunk_tokens=chunk_tokens, limit=limit, seed=seed,
                ttft_slo=ttft_slo, tbt_slo=tbt_slo)
-    if plot:
-        require_matplotlib()  # fail before a long run, not after it
+    bench_plot.check(plot)
     if out.json:
         report, samples = simulate(cfg, trace_file, profile, None, explain)
     else:
         bars = ProgressBars(out.err)
         with bars.bar:
             report, samples = simulate(cfg, trace_file, profile, bars, explain)
-    plots = write_plots(f"{report['requests']} requests, {report['model']}", samples,
-                        {**report["policies"], **report["baselines"]},
-                        report["ceiling_hit_ratio"], plot, "simulated time (s)") if plot else []
-    report["plots"] = plots
-    out.emit(report, _human(report, plots))
+    bench_plot.draw(out, "trace", report, plot, samples=samples)
+    out.emit(report, _human(report))

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
-from mooncake_cli.bench.sim_plot import require_matplotlib, write_plots
 from mooncake_cli.bench.trace_file import load_trace
 from mooncake_cli.bench.trace_live import ReplayConfig, replay
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.conductor.config import SIMULATOR_ONLY
 from mooncake_cli.conductor.scheduler import POLICIES
 from mooncake_cli.interfaces import ConfigError
@@ -40,8 +40,6 @@ def _human(rep: dict[str, Any]) -> Any:
         con.print(t)
         for k, v in rep.get("ratios", {}).items():
             con.print(f"{k}: {v:.3f}")
-        for path in rep.get("plots", []):
-            con.print(f"wrote {path}")
     return draw
 
 
@@ -54,8 +52,7 @@ def run_live(out: Out, trace_file: str, url: str | None, local: str | None, mode
              kv_blocks: int | None, plot: str | None = None) -> None:
     if bool(url) == bool(local):
         raise ConfigError("give either --url (a running conductor) or --local P,D")
-    if plot:
-        require_matplotlib()  # fail before a long run, not after it
+    bench_plot.check(plot)
     per_run: dict[str, dict[str, list[float]]] = {}  # run -> {"ttft": [...], "tbt": [...]}
     reqs = load_trace(trace_file, time_scale, limit or 200)
     runs: dict[str, dict[str, Any]] = {}
@@ -104,7 +101,5 @@ def run_live(out: Out, trace_file: str, url: str | None, local: str | None, mode
                                 b["prefix_hit_ratio"] - a["prefix_hit_ratio"]}
     samples = {key: {name: got.get(key, []) for name, got in per_run.items()}
                for key in ("ttft", "tbt")}
-    report["plots"] = write_plots(f"{len(reqs)} requests, live {report['target']}", samples,
-                                  runs, None, plot, "time since the replay started (s)") \
-        if plot else []
+    bench_plot.draw(out, "trace", report, plot, samples=samples)
     out.emit(report, _human(report))

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.config import load
 from mooncake_cli.output import Out
 
@@ -72,6 +73,8 @@ def workers(
     block_size: int = typer.Option(None, "--block-size", metavar="TOKENS",
                                     help="Tokens per KV block "
                                                               "[default: 16]."),
+    plot: str = bench_plot.option("TTFT none vs most cached and decode tokens/s alone vs "
+                                  "together, each measurement a dot"),
 ) -> None:
     """Measure TTFT with most of a prompt's KV blocks in the store against none, and decode
     throughput of concurrent requests against one at a time."""
@@ -83,9 +86,11 @@ def workers(
                prompt_tokens=prompt_tokens,
                cached_ratio=cached_ratio, repeats=repeats, concurrency=concurrency,
                max_tokens=max_tokens, block_size=block_size)
+    bench_plot.check(plot)
     bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                    console=out.err, transient=True, disable=out.json)
     with bar:
         task = bar.add_task("loading", total=cfg.units())
         report = run(cfg, lambda what: bar.update(task, advance=1, description=what))
+    bench_plot.draw(out, "workers", report, plot)
     out.emit(report, _human(report))
