@@ -84,13 +84,8 @@ class Bookings:
     def release_decode(self, name: str | None, sreq: Request) -> None:
         with self.instances.lock:
             booked = self._decode_booked.pop(sreq.id, None)
-            dec = self.scheduler.cluster.by_name.get(name) if name else None
-            if dec is not None and booked is not None:
-                dec.batch = max(0, dec.batch - 1)
-                if self.scheduler.grow_decode:
-                    dec.booked_tokens = max(0, dec.booked_tokens - booked)
-                else:
-                    dec.context_tokens = max(0, dec.context_tokens - booked)
+            if name and booked is not None:
+                self.scheduler.release(name, booked)
 
     def saw_full(self, name: str) -> None:
         """Decode instance `name` refused a reservation for lack of room: count it full until

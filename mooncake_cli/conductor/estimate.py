@@ -44,33 +44,59 @@ class Placement:
     candidates: tuple[Candidate, ...] = ()
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a prefill costs an instance holding `local_blocks` of the prompt, queue aside:
+    the prefix it fetches (`fetch_blocks`, 0: none), the transfer and the prefill."""
+
+    local_blocks: int
+    fetch_blocks: int
+    transfer_s: float
+    prefill_s: float
+
+    def on(self, inst: InstanceState, now: float, source: str | None) -> Candidate:
+        """The candidate of `inst` doing this work after its queue (`source` fetched from)."""
+        q = inst.queue_time(now)
+        if not self.fetch_blocks:
+            return Candidate(inst.name, q, self.local_blocks, 0, None, 0.0, self.prefill_s,
+                             q + self.prefill_s)
+        return Candidate(inst.name, q, self.local_blocks, self.fetch_blocks, source,
+                         self.transfer_s, self.prefill_s, q + self.transfer_s + self.prefill_s)
+
+
+def work(cluster: Cluster, req: Request, local_blocks: int, remote_blocks: int = 0,
+         threshold: float | None = None) -> Work:
+    """Reuse the `local_blocks` held, or -- with a `threshold` -- fetch the longer prefix
+    of `remote_blocks` when it beats the local one by more than `threshold` (remote / local
+    blocks, Algorithm 1's kvcache_balancing_threshold) and fetching it is faster than
+    recomputing it."""
+    n = req.input_tokens
+    pre = cluster.model.prefill_time(n, cluster.cached_tokens(n, local_blocks))
+    if (threshold is None or remote_blocks <= local_blocks
+            or (local_blocks and remote_blocks / local_blocks <= threshold)):
+        return Work(local_blocks, 0, 0.0, pre)
+    have = cluster.cached_tokens(n, local_blocks)
+    get = cluster.cached_tokens(n, remote_blocks)
+    xfer = transfer_time(cluster.model, get - have)
+    fetched = cluster.model.prefill_time(n, get)
+    if xfer + fetched >= pre:
+        return Work(local_blocks, 0, 0.0, pre)
+    return Work(local_blocks, remote_blocks, xfer, fetched)
+
+
 def local(cluster: Cluster, inst: InstanceState, req: Request, now: float,
           local_blocks: int) -> Candidate:
     """Run on `inst`, reusing only what it holds."""
-    q = inst.queue_time(now)
-    n = req.input_tokens
-    pre = cluster.model.prefill_time(n, cluster.cached_tokens(n, local_blocks))
-    return Candidate(inst.name, q, local_blocks, 0, None, 0.0, pre, q + pre)
+    return work(cluster, req, local_blocks).on(inst, now, None)
 
 
 def with_fetch(cluster: Cluster, inst: InstanceState, req: Request, now: float,
                local_blocks: int, remote_blocks: int, source: str | None,
                threshold: float) -> Candidate:
-    """Run on `inst`, fetching the longer prefix from `source` when it beats the local one by
-    more than `threshold` (remote / local blocks, Algorithm 1's kvcache_balancing_threshold)
-    and fetching it is faster than recomputing it."""
-    base = local(cluster, inst, req, now, local_blocks)
-    if (source is None or source == inst.name or remote_blocks <= local_blocks
-            or (local_blocks and remote_blocks / local_blocks <= threshold)):
-        return base
-    have = cluster.cached_tokens(req.input_tokens, local_blocks)
-    get = cluster.cached_tokens(req.input_tokens, remote_blocks)
-    xfer = transfer_time(cluster.model, get - have)
-    pre = cluster.model.prefill_time(req.input_tokens, get)
-    if xfer + pre >= base.prefill_s:
-        return base
-    return Candidate(inst.name, base.queue_s, local_blocks, remote_blocks, source, xfer, pre,
-                     base.queue_s + xfer + pre)
+    """Run on `inst`, fetching the longer prefix from `source` as `work` decides."""
+    if source is None or source == inst.name:
+        return local(cluster, inst, req, now, local_blocks)
+    return work(cluster, req, local_blocks, remote_blocks, threshold).on(inst, now, source)
 
 
 def least_queued(insts: list[InstanceState], now: float,

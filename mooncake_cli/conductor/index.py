@@ -12,6 +12,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from mooncake_cli.conductor.prefix_match import PrefixMatch
+
 EVENT_KINDS = ("stored", "touched", "evicted", "dropped")
 
 
@@ -119,6 +121,19 @@ class CacheIndex:
 
     def blocks(self, name: str) -> int:
         return len(self._lru.get(name, ()))
+
+    def prefix_match(self, keys: Sequence[Hashable], small: int) -> PrefixMatch:
+        """The prefix lengths of `keys`, wide levels (over `small` holders) kept as sets;
+        valid until the index next changes."""
+        return PrefixMatch(self._holders, self._lru, keys, small)
+
+    def key_count(self) -> int:
+        """Distinct keys held by some instance."""
+        return len(self._holders)
+
+    def most_holders(self) -> int:
+        """The number of instances holding the most widely held key."""
+        return max(map(len, self._holders.values()), default=0)
 
     def prefix_len(self, name: str, keys: Sequence[Hashable]) -> int:
         """Leading blocks of `keys` that `name` holds."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from typing import Protocol
 
+from mooncake_cli.conductor.candidates import best_candidate
 from mooncake_cli.conductor.estimate import Candidate, Placement, least_queued, local, with_fetch
 from mooncake_cli.conductor.state import Cluster, InstanceState, Request
 from mooncake_cli.interfaces import ConfigError
@@ -121,17 +122,12 @@ class CacheAwarePolicy:
 
     def place(self, req: Request, cluster: Cluster, now: float,
               explain: bool = False) -> Placement:
+        if not explain:  # instances holding nothing differ only by queue (candidates.py)
+            return Placement(self.name, best_candidate(cluster, req, now, None))
         insts = _live(cluster)
         prefix = cluster.index.prefix_lengths(req.block_keys)
-        if explain:
-            cands = [local(cluster, i, req, now, prefix.get(i.name, 0)) for i in insts]
-            return Placement(self.name, _best(cands), tuple(cands))
-        # instances without a prefix differ only by queue: the least queued one stands for all
-        cands = [local(cluster, i, req, now, n) for i, n in _holders(cluster, prefix)]
-        other = least_queued(insts, now, prefix)
-        if other is not None:
-            cands.append(local(cluster, other, req, now, 0))
-        return Placement(self.name, _best(cands))
+        cands = [local(cluster, i, req, now, prefix.get(i.name, 0)) for i in insts]
+        return Placement(self.name, _best(cands), tuple(cands))
 
 
 class KVCacheCentricPolicy:
@@ -170,5 +166,7 @@ class KVCacheCentricPolicy:
 
     def place(self, req: Request, cluster: Cluster, now: float,
               explain: bool = False) -> Placement:
+        if not explain:  # the same choice, scoring only instances that can win
+            return Placement(self.name, best_candidate(cluster, req, now, self.threshold))
         cands = self.candidates(req, cluster, now, explain)
-        return Placement(self.name, _best(cands), tuple(cands) if explain else ())
+        return Placement(self.name, _best(cands), tuple(cands))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from mooncake_cli.conductor import decode_choice
 from mooncake_cli.conductor.calibration import TtftCalibration
 from mooncake_cli.conductor.estimate import Placement
 from mooncake_cli.conductor.policies import (
@@ -129,25 +130,12 @@ class Scheduler:
             req.output_tokens
 
     def pick_decode(self, req: Request) -> tuple[InstanceState | None, float | None]:
-        """The live decode instance with room whose next step (with this request) is
-        fastest; (None, None) when the cluster has no decode instance (not limiting)."""
-        insts = self.cluster.live_decode()
-        if not insts:
+        """The decode choice (decode_choice.py) and its step time: inf when no live decode
+        instance has room, (None, None) when the cluster has none (not limiting)."""
+        if not self.cluster.decoders.live_count():
             return None, None
-        need = self.decode_booking(req)
-        grown = round(req.input_tokens + self.expected_output(req))
-        best: InstanceState | None = None
-        best_t = math.inf
-        for inst in insts:
-            cap = inst.kv_capacity_tokens
-            held = max(inst.context_tokens, inst.booked_tokens) if self.grow_decode else \
-                inst.context_tokens
-            if cap is not None and held + need > cap:
-                continue
-            t = self.cluster.model.decode_step_time(inst.batch + 1, inst.context_tokens + grown)
-            if t < best_t or (t == best_t and best is not None and inst.name < best.name):
-                best, best_t = inst, t
-        return best, (best_t if best is not None else math.inf)
+        return decode_choice.pick(self.cluster, self.decode_booking(req),
+                                  round(req.input_tokens + self.expected_output(req)))
 
     def decode_capacity(self) -> int | None:
         """The largest KV capacity (tokens) of a live decode instance; None if unknown."""
@@ -269,8 +257,21 @@ class Scheduler:
             self.mean_output_tokens += (req.output_tokens - self.mean_output_tokens) * 0.01
         if decision.decode is not None:
             dec = self.cluster.by_name[decision.decode]
-            dec.batch += 1
-            if self.grow_decode:
+            if self.grow_decode:  # apart from load reports, which do not count it yet
+                dec.booked_requests += 1
                 dec.booked_tokens += self.decode_booking(req)
             else:
+                dec.batch += 1
                 dec.context_tokens += self.decode_booking(req)
+
+    def release(self, decode: str, tokens: int) -> None:
+        """Undo `commit`'s decode booking of `tokens` KV tokens on instance `decode`."""
+        dec = self.cluster.by_name.get(decode)
+        if dec is None:
+            return
+        if self.grow_decode:
+            dec.booked_requests = max(0, dec.booked_requests - 1)
+            dec.booked_tokens = max(0, dec.booked_tokens - tokens)
+        else:
+            dec.batch = max(0, dec.batch - 1)
+            dec.context_tokens = max(0, dec.context_tokens - tokens)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mooncake_cli.conductor.costmodel import CostModel
 from mooncake_cli.conductor.index import CacheIndex
+from mooncake_cli.conductor.orders import DecodeOrder, QueueOrder
 
 ROLES = ("prefill", "decode")
 
@@ -28,7 +30,10 @@ class Request:
 
 @dataclass
 class InstanceState:
-    """One instance: its estimated queue (prefill) or its running batch (decode)."""
+    """One instance: its estimated queue (prefill) or its running batch (decode).
+
+    Every attribute set is reported to the Cluster holding it, which keeps its instances in
+    the orders the scheduler searches (conductor/orders.py)."""
 
     name: str
     role: str
@@ -37,8 +42,25 @@ class InstanceState:
     batch: int = 0  # decode: requests in the running batch
     context_tokens: int = 0  # decode: KV tokens held by the batch
     booked_tokens: int = 0  # decode, live: KV tokens booked for requests in flight
+    booked_requests: int = 0  # decode, live: requests booked here and not yet released
     kv_capacity_tokens: int | None = None  # decode: KV room; None = not limiting
     alive: bool = True
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        object.__setattr__(self, key, value)
+        changed: Callable[[InstanceState], None] | None = self.__dict__.get("_changed")
+        if changed is not None:
+            changed(self)
+
+    def held_tokens(self) -> int:
+        """Decode: KV tokens counted as taken: the last load report's, or what is booked here
+        when that is more (a report does not count requests still in prefill)."""
+        return max(self.context_tokens, self.booked_tokens)
+
+    def load(self) -> int:
+        """Decode: requests counted on it: the last load report's, or those booked here and
+        not yet released when they are more, so a burst counts what was just placed."""
+        return max(self.batch, self.booked_requests)
 
     def queue_time(self, now: float) -> float:
         """Estimated seconds until this instance can start new work."""
@@ -47,18 +69,22 @@ class InstanceState:
     def to_dict(self, now: float) -> dict[str, object]:
         return {"name": self.name, "role": self.role, "queue_s": round(self.queue_time(now), 6),
                 "queued": self.queued, "batch": self.batch,
+                "booked_requests": self.booked_requests,
                 "context_tokens": self.context_tokens, "alive": self.alive}
 
 
 @dataclass
 class Cluster:
-    """The instances, the global cache index and the cost model they share."""
+    """The instances, the global cache index and the cost model they share; `queues` and
+    `decoders` keep the live instances in the orders the scheduler searches."""
 
     model: CostModel
     index: CacheIndex = field(default_factory=CacheIndex)
     prefill: list[InstanceState] = field(default_factory=list)
     decode: list[InstanceState] = field(default_factory=list)
     by_name: dict[str, InstanceState] = field(default_factory=dict)
+    queues: QueueOrder = field(default_factory=QueueOrder, repr=False, compare=False)
+    decoders: DecodeOrder = field(default_factory=DecodeOrder, repr=False, compare=False)
 
     def add(self, name: str, role: str, cache_blocks: int | None = None,
             kv_capacity_tokens: int | None = None) -> InstanceState:
@@ -70,6 +96,9 @@ class Cluster:
         inst = self.by_name[name] = InstanceState(name, role,
                                                   kv_capacity_tokens=kv_capacity_tokens)
         (self.prefill if role == "prefill" else self.decode).append(inst)
+        order = self.queues if role == "prefill" else self.decoders
+        order.add(inst)
+        object.__setattr__(inst, "_changed", order.touch)
         if role == "prefill":
             self.index.add_instance(name, cache_blocks)
         return inst
@@ -78,7 +107,10 @@ class Cluster:
         """Drop a dead or deregistered instance and its cached blocks."""
         self.prefill = [i for i in self.prefill if i.name != name]
         self.decode = [i for i in self.decode if i.name != name]
-        self.by_name.pop(name, None)
+        inst = self.by_name.pop(name, None)
+        if inst is not None:
+            object.__setattr__(inst, "_changed", None)
+            (self.queues if inst.role == "prefill" else self.decoders).remove(name)
         self.index.drop(name)
 
     def live_prefill(self) -> list[InstanceState]:
