@@ -175,3 +175,7 @@ app.command("burst")(bench_burst.burst)
 from mooncake_cli.commands import bench_chaos  # noqa: E402
 
 app.command("chaos")(bench_chaos.chaos)
+
+from mooncake_cli.commands import bench_scheduler  # noqa: E402
+
+app.command("scheduler")(bench_scheduler.scheduler)

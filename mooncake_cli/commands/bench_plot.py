@@ -8,14 +8,14 @@ from typing import Any
 
 import typer
 
-from mooncake_cli.bench import plot_serving, plot_storage, plots
+from mooncake_cli.bench import plot_scheduler, plot_serving, plot_storage, plots
 from mooncake_cli.output import Out
 
 FIGURES: dict[str, Callable[..., Any]] = {
     "transfer": plot_storage.transfer, "store": plot_storage.store, "chaos": plot_storage.chaos,
     "store-policy": plot_storage.store_policy, "trace": plot_serving.trace,
     "burst": plot_serving.burst, "model": plot_serving.model, "workers": plot_serving.workers,
-    "profile": plot_serving.profile,
+    "profile": plot_serving.profile, "scheduler": plot_scheduler.scheduler,
 }
 
 
