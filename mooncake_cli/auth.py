@@ -121,9 +121,11 @@ def sign_record(secret: str, record: dict[str, Any]) -> dict[str, Any]:
     return {**body, "mac": hmac.new(secret.encode(), canonical, hashlib.sha256).hexdigest()}
 
 
-def verify_record(secret: str, record: dict[str, Any]) -> dict[str, Any]:
+def verify_record(secret: str, record: dict[str, Any],
+                  max_age: float | None = WINDOW) -> dict[str, Any]:
     """The record `sign_record` signed, without `mac` and `signed_at`; ValueError when its
-    MAC is missing or wrong, or it was signed more than `WINDOW` seconds ago."""
+    MAC is missing or wrong, or it was signed more than `max_age` seconds ago (None: any age,
+    for records that are bound to something a replay cannot reuse, such as an etcd lease)."""
     body = {k: v for k, v in record.items() if k != "mac"}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     mac = record.get("mac")
@@ -131,7 +133,7 @@ def verify_record(secret: str, record: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(mac, str) or not hmac.compare_digest(mac, expected):
         raise ValueError("unsigned, or not signed with this cluster's secret")
     age = time.time() - float(body.pop("signed_at", 0))
-    if not -WINDOW <= age <= WINDOW:
+    if max_age is not None and not -max_age <= age <= max_age:
         raise ValueError(f"signed {age:.0f} s ago (a replayed record?)")
     return body
 

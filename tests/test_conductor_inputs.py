@@ -141,7 +141,8 @@ def test_unbook_releases_pipeline_stages(conductor: ConductorService) -> None:
 def test_etcd_value_that_is_not_an_object_is_skipped(etcd: str) -> None:
     import etcd3gw
 
-    from mooncake_cli.conductor.etcd_registry import PREFIX, EtcdPoller, parse
+    from mooncake_cli.conductor.etcd_registry import PREFIX, parse
+    from mooncake_cli.conductor.registry_watch import RegistryWatch
 
     registry = etcd + "/inputs"
     svc = ConductorService(ConductorConfig(port=0, instance_ttl=60.0)).start()
@@ -152,10 +153,13 @@ def test_etcd_value_that_is_not_an_object_is_skipped(etcd: str) -> None:
         client.put(PREFIX + "inputs/b", "7")
         client.put(PREFIX + "inputs/c", json.dumps(
             {"name": "p1", "role": "prefill", "url": f"http://127.0.0.1:{free_port()}"}))
-        poller = EtcdPoller(svc.conductor.instances, registry, interval=1.0)
-        poller.poll_once()  # raised AttributeError on the list before
-        names = [i["name"] for i in svc.conductor.instances.snapshot()]
-        assert names == ["p1"]
+        watch = RegistryWatch(svc.conductor.instances, registry).start()
+        try:  # the first list raised AttributeError before
+            assert watch.ready
+            names = [i["name"] for i in svc.conductor.instances.snapshot()]
+            assert names == ["p1"]
+        finally:
+            watch.close()
     finally:
         client.delete_prefix(PREFIX + "inputs/")
         svc.close()

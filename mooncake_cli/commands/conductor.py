@@ -37,6 +37,8 @@ def start(
     prefill: str = _opt("--prefill", "prefill"),
     decode: str = _opt("--decode", "decode"),
     registry: str = _opt("--registry", "registry", "etcd://HOST:PORT[/CLUSTER]"),
+    peers: str = _opt("--peers", "peers", "etcd://HOST:PORT[/CLUSTER]"),
+    peer_ttl: int = _opt("--peer-ttl", "peer_ttl", "SECONDS"),
     ttft_slo: float = _opt("--ttft-slo", "ttft_slo"),
     tbt_slo: float = _opt("--tbt-slo", "tbt_slo"),
     max_queue: int = _opt("--max-queue", "max_queue", "N"),
@@ -69,6 +71,7 @@ def start(
     cfg = load(ConductorConfig, "conductor", config or out.config_file, host=host, port=port,
                model=model, served_model_name=served_model_name, block_size=block_size,
                dtype=dtype, policy=policy, prefill=prefill, decode=decode, registry=registry,
+               peers=peers, peer_ttl=peer_ttl,
                ttft_slo=ttft_slo, max_queue=max_queue, prefill_depth=prefill_depth,
                tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed, api_key=api_key,
                audit_log=audit_log)

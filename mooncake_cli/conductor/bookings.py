@@ -10,7 +10,7 @@ import json
 import math
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.roles import PrefillAnswer
@@ -20,6 +20,9 @@ from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.interfaces import ConfigError
+
+if TYPE_CHECKING:
+    from mooncake_cli.conductor.peers import Peers
 
 
 class Bookings:
@@ -32,12 +35,16 @@ class Bookings:
         self._explain_lock = threading.Lock()
         self._queued: dict[str, dict[str, float]] = {}  # prefill instance -> rid -> estimate
         self._decode_booked: dict[str, int] = {}  # rid -> KV tokens booked on its decode
+        self.peers: Peers | None = None  # with --peers: bookings and learning are shared
 
     def decide(self, sreq: Request, param: str = "prompt",
                queue: dict[str, Any] | None = None) -> Decision:
         """Admit and book `sreq`; or a `waiting` decision, not booked (no room for it now); or
         raise 429 (SLO), 400 (no decode instance could ever hold it; `param` names the prompt)
         or 503 (no live prefill instance)."""
+        if self.peers is not None and not self.peers.ready:
+            raise ServingError(ErrorCode.NO_INSTANCE, "this conductor is still catching up "
+                               "with the other conductors' bookings", retry_after=1)
         with self.instances.lock:
             now = time.monotonic()
             try:
@@ -62,6 +69,8 @@ class Bookings:
             self.scheduler.commit(decision, sreq, now)
             if decision.decode is not None:
                 self._decode_booked[sreq.id] = self.scheduler.decode_booking(sreq)
+                if self.peers is not None:
+                    self.peers.booked(sreq.id, decision.decode, self._decode_booked[sreq.id])
             chosen = decision.placement.chosen
             for name in (chosen.instance, *chosen.stages):
                 self._queued.setdefault(name, {})[sreq.id] = chosen.prefill_s
@@ -81,9 +90,26 @@ class Bookings:
             if not prefill_only:
                 self.release_decode(decision.decode, sreq)
 
+    async def confirm(self, decision: Decision, sreq: Request) -> bool:
+        """With --peers: whether `decision`'s decode booking holds in etcd's order of every
+        conductor's bookings (`mooncake_cli.conductor.peer_order`); when it does not, the
+        booking is undone (the caller queues the request again). True without peers."""
+        if self.peers is None or decision.decode is None:
+            return True
+        try:
+            held = await self.peers.holds(sreq.id)
+        except BaseException:
+            self.unbook(decision, sreq)
+            raise
+        if not held:
+            self.unbook(decision, sreq)
+        return held
+
     def release_decode(self, name: str | None, sreq: Request) -> None:
         with self.instances.lock:
             booked = self._decode_booked.pop(sreq.id, None)
+            if self.peers is not None and booked is not None:
+                self.peers.released(sreq.id)
             if name and booked is not None:
                 self.scheduler.release(name, booked)
 
@@ -114,6 +140,9 @@ class Bookings:
             index.touch(pname, keys[:decision.placement.chosen.local_blocks])
             evicted = index.store(pname, answer.stored_keys)
             evicted += index.store(pname, copied)
+        if self.peers is not None:  # one record for the other conductors' indexes
+            self.peers.learned(pname, keys[:decision.placement.chosen.local_blocks],
+                               answer.stored_keys + copied, evicted)
         if evicted:
             self.metrics.add("evicted_blocks_total", len(evicted))
         model = self.scheduler.cluster.model

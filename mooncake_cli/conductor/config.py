@@ -85,6 +85,12 @@ class ConductorConfig:
     bandwidth: float = described(1e9, "bytes/s between instances, for fetch estimates")
     registry: str = described("", "etcd://HOST:PORT[,...][/CLUSTER]: also serve the workers "
                                   "registered there")
+    peers: str = described("", "etcd://HOST:PORT[,...][/CLUSTER]: share decode bookings and "
+                               "the prefix index with every conductor started with the same "
+                               "address, and serve the workers registered there (the "
+                               "registry, unless --registry names another)")
+    peer_ttl: int = described(5, "seconds this conductor's bookings outlive it in etcd when it "
+                                 "dies (its lease; refreshed every third of it)")
     max_connections: int = described(16384, "HTTP connections (and requests) at once; 503 "
                                             "beyond")
     idle_timeout: float = described(15.0, "seconds a keep-alive client connection may idle")
@@ -107,10 +113,15 @@ class ConductorConfig:
         if min(self.instance_ttl, self.poll_interval, self.request_timeout, self.bandwidth) <= 0:
             raise ConfigError("instance_ttl, poll_interval, request_timeout and bandwidth "
                               "must be positive")
-        if self.registry:
+        if self.registry or self.peers:
             from mooncake_cli.conductor.etcd_registry import parse
 
-            parse(self.registry)
+            for url in (self.registry, self.peers):
+                if url:
+                    parse(url)
+        if self.peer_ttl < 2:
+            raise ConfigError(f"peer_ttl must be >= 2 seconds (etcd's shortest lease), got "
+                              f"{self.peer_ttl}")
         if self.retries < 0 or self.max_migrations < 0:
             raise ConfigError("retries and max_migrations must be >= 0")
         if self.max_queue < 0 or self.prefill_depth < 0:

@@ -3,10 +3,11 @@
 A worker given `--conductor etcd://HOST:PORT[,HOST:PORT][/CLUSTER]` keeps its registration
 body (role, name, url, load) under `/mooncake/instances/CLUSTER/NAME`, attached to a lease of
 3 heartbeats that it refreshes (rewriting the body, so the load stays current); a worker that
-dies lets the lease, and the key, expire. A conductor given `--registry etcd://...` reads the
-prefix every poll interval and registers what it finds; a key that disappears deregisters its
-instance at once. With the cluster secret, each body is signed (`mooncake_cli.auth.sign_record`)
-and the conductor ignores bodies that are unsigned, wrongly signed or older than a minute.
+dies lets the lease, and the key, expire. A conductor given `--registry etcd://...` lists the
+prefix and then watches it (`mooncake_cli.conductor.registry_watch.RegistryWatch`): each write
+registers its instance, a key that disappears deregisters it at once. With the cluster secret,
+each body is signed (`mooncake_cli.auth.sign_record`) and the conductor ignores bodies that are
+unsigned, wrongly signed or older than a minute.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mooncake_cli.api.errors import ServingError
-from mooncake_cli.auth import sign_record, verify_record
-from mooncake_cli.conductor.instances import Instances
+from mooncake_cli.auth import sign_record
 from mooncake_cli.etcd import EtcdClients, EtcdUrl
 from mooncake_cli.interfaces import MetadataError
 
@@ -106,53 +105,3 @@ class EtcdRegistrar:
                 self._lease.revoke()
         except Exception as e:  # the lease expires anyway
             log.warning("could not deregister %s from etcd: %s", name, e)
-
-
-class EtcdPoller:
-    """The conductor side: registers every instance found under the prefix."""
-
-    def __init__(self, instances: Instances, url: str, interval: float,
-                 timeout: float = 5.0, secret: str = "") -> None:
-        self.instances = instances
-        self.secret = secret
-        self.etcd = _Etcd(url, timeout)
-        self.interval = interval
-        self._seen: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="conductor-etcd-registry")
-
-    def start(self) -> EtcdPoller:
-        self.poll_once()
-        self._thread.start()
-        return self
-
-    def poll_once(self) -> None:
-        try:
-            found = self.etcd.each("list", lambda c: c.get_prefix(self.etcd.prefix))
-        except MetadataError as e:
-            log.warning("%s", e)
-            return
-        now: set[str] = set()
-        for value, _meta in found:
-            try:
-                body = json.loads(value)
-                if not isinstance(body, dict):
-                    raise ValueError(f"a registration must be a JSON object, not {body!r:.80}")
-                if self.secret:
-                    body = verify_record(self.secret, body)
-                now.add(self.instances.register(body).name)
-            except (ValueError, TypeError, AttributeError, ServingError) as e:
-                log.warning("ignoring a bad registration in etcd: %s", e)
-        for gone in self._seen - now:
-            self.instances.deregister(gone)
-        self._seen = now
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll_once()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.interval + 5)

@@ -6,7 +6,8 @@
                                                  the wait queue
     POST /v1/instances/register, /deregister     worker heartbeats (a name stays its first
                                                  registrant's: `Identities`)
-    GET  /health, /metrics
+    GET  /health, /metrics                       (/health, with --peers: the peers as this
+                                                 conductor sees them; 503 until caught up)
 
 `OPENAI` are the paths an --api-key guards (the OpenAI API and the read-only instance list); the
 others but /health and /metrics need the cluster secret (`mooncake_cli.auth.Gate`); `AUDITED`
@@ -91,8 +92,13 @@ def routes(conductor: Conductor, identities: Identities | None = None) -> list[R
         alive = {r: sum(1 for i in snap if i["role"] == r and i["alive"])
                  for r in ("prefill", "decode")}
         ok = all(alive.values())
-        return JSONResponse({"status": "ok" if ok else "degraded", "alive": alive,
-                             "time": time.time()}, 200 if ok else 503)
+        out = {"status": "ok" if ok else "degraded", "alive": alive, "time": time.time()}
+        peers = c.bookings.peers
+        if peers is not None:  # --peers: not ready (503) until caught up with the others
+            out["peers"] = peers.snapshot()
+            if not peers.ready:
+                ok, out["status"] = False, "catching-up"
+        return JSONResponse(out, 200 if ok else 503)
 
     async def metrics(request: Request) -> Response:
         return text_response(c.metrics.render(c.instances.snapshot()))

@@ -135,6 +135,10 @@ class Conductor:
                 lambda t: self.bookings.decide(sreq, param, t.explain()), ticket, front=full,
                 booking=self.scheduler.decode_booking(sreq))
             full = False
+            if not await self.bookings.confirm(decision, sreq):  # --peers: a peer booked first
+                ticket.requeued += 1
+                full = True
+                continue
             try:  # whatever happens, the booking does not outlive this attempt
                 ans, purl, durl = await self._prefill(decision, rid, ids, req, tried,
                                                       anywhere=migrating)

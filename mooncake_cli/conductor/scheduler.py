@@ -221,8 +221,8 @@ class Scheduler:
         insts = self.cluster.live_decode()
         if not insts or booking <= 0 or any(i.kv_capacity_tokens is None for i in insts):
             return 0.0
-        fits = sum(max(0, (i.kv_capacity_tokens or 0) - max(i.context_tokens, i.booked_tokens))
-                   // booking for i in insts)
+        fits = sum(max(0, (i.kv_capacity_tokens or 0) - i.held_tokens()) // booking
+                   for i in insts)
         excess = ahead + 1 - fits
         if excess <= 0:
             return 0.0

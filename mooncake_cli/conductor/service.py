@@ -1,4 +1,6 @@
-"""ConductorService: a ConductorConfig -> the running conductor (HTTP front, poller, scheduler).
+"""ConductorService: a ConductorConfig -> the running conductor (HTTP front, poller, scheduler;
+with --registry or --peers the etcd registry's watch, with --peers its share of the peers'
+bookings and index).
 
     svc = ConductorService(cfg).start()
     svc.url          # http://127.0.0.1:PORT
@@ -15,13 +17,14 @@ from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
-from mooncake_cli.conductor.etcd_registry import EtcdPoller
 from mooncake_cli.conductor.http_front import AUDITED, OPENAI, routes
 from mooncake_cli.conductor.identities import Identities
 from mooncake_cli.conductor.instances import Instances, Poller
 from mooncake_cli.conductor.live import Conductor
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.online_cost import OnlineCostModel
+from mooncake_cli.conductor.peers import Peers
+from mooncake_cli.conductor.registry_watch import RegistryWatch
 from mooncake_cli.conductor.scheduler import Scheduler, Slo, make_policy
 from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Cluster
@@ -83,9 +86,6 @@ class ConductorService:
                                    queue_limit=cfg.max_queue,
                                    max_migrations=cfg.max_migrations)
         self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval, auth)
-        self.etcd: EtcdPoller | None = None
-        if cfg.registry:
-            self.etcd = EtcdPoller(instances, cfg.registry, cfg.poll_interval, secret=secret)
         limits = Limits(max_connections=cfg.max_connections, idle_timeout=cfg.idle_timeout)
         self.audit = AuditLog.open(cfg.audit_log, "conductor")
         self.app = edge_app(routes(self.conductor, Identities(instances)), limits,
@@ -94,17 +94,31 @@ class ConductorService:
         self._http = Server(self.app, cfg.host, cfg.port, "conductor",
                             background=[self.poller.run])
         self.url = f"http://{self._http.host}:{self._http.port}"
+        self.peers: Peers | None = None
+        if cfg.peers:
+            self.peers = self.conductor.bookings.peers = Peers(
+                cfg.peers, cluster, instances.lock, self_url=self.url, secret=secret,
+                ttl=cfg.peer_ttl)
+        self.etcd: RegistryWatch | None = None
+        if cfg.registry or cfg.peers:  # a new instance gets the peers' bookings of it
+            joined = self.peers.bookings.sync if self.peers is not None else None
+            self.etcd = RegistryWatch(instances, cfg.registry or cfg.peers, secret=secret,
+                                      joined=joined)
 
     def start(self) -> ConductorService:
         self.poller.start()
         if self.etcd is not None:
             self.etcd.start()
+        if self.peers is not None:  # caught up before it serves (or 503 until it is)
+            self.peers.start()
         self._http.start()
         return self
 
     def close(self) -> None:
         self._http.run(self.conductor.close_peer())
         self._http.close()
+        if self.peers is not None:
+            self.peers.close()
         if self.etcd is not None:
             self.etcd.close()
         self.conductor.close()

@@ -43,6 +43,8 @@ class InstanceState:
     context_tokens: int = 0  # decode: KV tokens held by the batch
     booked_tokens: int = 0  # decode, live: KV tokens booked for requests in flight
     booked_requests: int = 0  # decode, live: requests booked here and not yet released
+    peer_tokens: int = 0  # decode, live: KV tokens other conductors booked (conductor/peers.py)
+    peer_requests: int = 0  # decode, live: requests other conductors booked here
     kv_capacity_tokens: int | None = None  # decode: KV room; None = not limiting
     alive: bool = True
 
@@ -54,13 +56,15 @@ class InstanceState:
 
     def held_tokens(self) -> int:
         """Decode: KV tokens counted as taken: the last load report's, or what is booked here
-        when that is more (a report does not count requests still in prefill)."""
-        return max(self.context_tokens, self.booked_tokens)
+        (by this conductor and, with --peers, the others) when that is more (a report does
+        not count requests still in prefill)."""
+        return max(self.context_tokens, self.booked_tokens + self.peer_tokens)
 
     def load(self) -> int:
         """Decode: requests counted on it: the last load report's, or those booked here and
-        not yet released when they are more, so a burst counts what was just placed."""
-        return max(self.batch, self.booked_requests)
+        not yet released (here and by peers) when they are more, so a burst counts what was
+        just placed."""
+        return max(self.batch, self.booked_requests + self.peer_requests)
 
     def queue_time(self, now: float) -> float:
         """Estimated seconds until this instance can start new work."""

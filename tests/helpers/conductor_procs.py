@@ -1,0 +1,78 @@
+"""Conductors in processes of their own (`mooncake --json conductor start ...`), for the tests
+that kill one with SIGKILL, and what etcd holds of their shared bookings."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import etcd3gw
+
+from mooncake_cli import jsonhttp
+from mooncake_cli.conductor.etcd_registry import parse
+from mooncake_cli.conductor.peer_records import PREFIX
+from tests.helpers.store_procs import REPO, _env, read_line
+
+
+class ConductorProc:
+    """A conductor started at once; `serving()` waits for its serving line (with --peers it
+    prints it once caught up with the others)."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json",
+                                      "conductor", "start", "--port", "0", *args],
+                                     stdout=subprocess.PIPE, cwd=REPO, env=_env())
+        self.url = ""
+
+    def serving(self, timeout: float = 120.0) -> ConductorProc:
+        if not self.url:
+            event = read_line(self.proc, timeout)
+            assert event.get("event") == "serving", event
+            self.url = str(event["url"])
+        return self
+
+    def health(self) -> dict[str, Any]:
+        return dict(jsonhttp.call(self.url + "/health", timeout=10).body)
+
+    def ok(self) -> bool:
+        """Serving, caught up and seeing a live prefill and decode instance."""
+        return self.health()["status"] == "ok"
+
+    def peers(self) -> dict[str, Any]:
+        return dict(self.health()["peers"])
+
+    def queued(self) -> int:
+        return int(jsonhttp.call(self.url + "/v1/instances", timeout=10).body["queue"]["length"])
+
+    def kill(self) -> None:
+        """SIGKILL: no lease revoked, no key deleted."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def etcd_bookings(etcd: str, cluster: str) -> dict[str, int]:
+    """Every conductor booking etcd holds for `cluster`: key -> KV tokens."""
+    (host, port), *_ = parse(etcd)[0]
+    client = etcd3gw.client(host=host, port=port)
+    found = client.get_prefix(f"{PREFIX}{cluster}/bookings/")
+    return {meta["key"].decode(): int(json.loads(value)["tokens"]) for value, meta in found}
+
+
+def etcd_keys(etcd: str, prefix: str) -> list[str]:
+    (host, port), *_ = parse(etcd)[0]
+    client = etcd3gw.client(host=host, port=port)
+    return sorted(meta["key"].decode() for _, meta in client.get_prefix(prefix))
