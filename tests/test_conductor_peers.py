@@ -21,7 +21,7 @@ from mooncake_cli.auth import signer
 from mooncake_cli.conductor.etcd_registry import parse
 from mooncake_cli.conductor.peer_records import PREFIX
 from tests.conftest import wait_for
-from tests.helpers.conductor_procs import ConductorProc, etcd_bookings, etcd_keys
+from tests.helpers.conductor_procs import ConductorProc, Load, etcd_bookings, etcd_keys
 from tests.helpers.prom import value
 from tests.helpers.store_procs import start_master
 from tests.helpers.worker_procs import WorkerProc
@@ -189,48 +189,12 @@ def test_a_prefix_learned_through_one_conductor_routes_requests_at_the_others(
                 proc.stop()
 
 
-class Load:
-    """Clients sending short requests to live conductors in turn until stopped; a client that
-    cannot connect to a conductor stops using it (as a load balancer would)."""
-
-    def __init__(self, conductors: list[ConductorProc], clients: int) -> None:
-        self.live = list(conductors)
-        self.outcomes: list[tuple[str, int | None, Any]] = []  # (url, status or None, body)
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, args=(i,))
-                         for i in range(clients)]
-        for t in self._threads:
-            t.start()
-
-    def _client(self, i: int) -> None:
-        n = i
-        while not self._stop.is_set():
-            live = list(self.live)
-            url = live[n % len(live)].url
-            n += 1
-            prompt = [1 + i, *range(10, 30), n % 250]
-            try:
-                answer = ask(url, prompt, 16, timeout=60)
-                self.outcomes.append((url, answer.status, answer.body))
-            except OSError as e:
-                self.outcomes.append((url, None, str(e)))
-                self.live = [c for c in self.live if c.url != url]
-
-    def answered(self, url: str) -> int:
-        return sum(1 for u, status, _ in list(self.outcomes) if u == url and status == 200)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(120)
-
-
 def test_a_conductor_killed_under_load(workers: dict[str, Any]) -> None:
     etcd = workers["etcd"]
     conductors = start(etcd, 3)
     victim, survivors = conductors[0], conductors[1:]
     victim_id = victim.peers()["conductor"]
-    load = Load(conductors, clients=6)
+    load = Load(conductors, clients=6, ask=lambda url, prompt: ask(url, prompt, 16, 60))
     try:
         wait_for(lambda: all(load.answered(c.url) >= 3 for c in conductors), 120, 0.05,
                  "every conductor answering")

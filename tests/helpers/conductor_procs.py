@@ -1,5 +1,5 @@
 """Conductors in processes of their own (`mooncake --json conductor start ...`), for the tests
-that kill one with SIGKILL, and what etcd holds of their shared bookings."""
+that kill one with SIGKILL; a load of clients over them; what etcd holds of their bookings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import etcd3gw
@@ -62,6 +64,44 @@ class ConductorProc:
                 self.kill()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+class Load:
+    """Clients sending short requests to live conductors in turn until stopped; a client that
+    cannot connect to a conductor stops using it (as a load balancer would)."""
+
+    def __init__(self, conductors: list[ConductorProc], clients: int,
+                 ask: Callable[[str, list[int]], jsonhttp.Answer]) -> None:
+        self.live = list(conductors)
+        self.ask = ask
+        self.outcomes: list[tuple[str, int | None, Any]] = []  # (url, status or None, body)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(i,))
+                         for i in range(clients)]
+        for t in self._threads:
+            t.start()
+
+    def _client(self, i: int) -> None:
+        n = i
+        while not self._stop.is_set():
+            live = list(self.live)
+            url = live[n % len(live)].url
+            n += 1
+            prompt = [1 + i, *range(10, 30), n % 250]
+            try:
+                answer = self.ask(url, prompt)
+                self.outcomes.append((url, answer.status, answer.body))
+            except OSError as e:
+                self.outcomes.append((url, None, str(e)))
+                self.live = [c for c in self.live if c.url != url]
+
+    def answered(self, url: str) -> int:
+        return sum(1 for u, status, _ in list(self.outcomes) if u == url and status == 200)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)
 
 
 def etcd_bookings(etcd: str, cluster: str) -> dict[str, int]:
