@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mooncake_cli.bench.chaos import BenchChaosConfig, ChaosReport, run
+from mooncake_cli.commands import bench_chaos_serving as serve
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
@@ -66,11 +67,21 @@ def chaos(
                              "[default: 0]."),
     plot: str = bench_plot.option("the recovery times after each kill and put throughput "
                                   "and latency against value size, HA on vs off"),
+    serving: bool = serve.SERVING, model: str = serve.MODEL, streams: int = serve.STREAMS,
+    decode: int = serve.DECODE, kill_every: float = serve.KILL_EVERY,
+    max_tokens: int = serve.MAX_TOKENS,
 ) -> None:
     """Kill the HA store leader (SIGKILL) at random moments under a put/get/remove workload:
     acknowledged puts lost, removed keys back, wrong bytes, time until gets work again; then
-    put throughput and latency with HA on vs off."""
+    put throughput and latency with HA on vs off. With --serving: decode workers killed
+    under concurrent streams instead (request migration)."""
     out: Out = ctx.obj
+    if serving:
+        return serve.serving(out, model, streams, decode, kill_every, max_tokens, seed,
+                             kills=kills, etcd=etcd, sizes=sizes, duration=duration,
+                             segment_size=segment_size, plot=plot)
+    serve.only_with_serving(model=model, streams=streams, decode=decode,
+                            kill_every=kill_every, max_tokens=max_tokens)
     cfg = load(BenchChaosConfig, "bench_chaos", out.config_file, kills=kills, etcd=etcd,
                sizes=sizes, duration=duration, segment_size=segment_size, seed=seed)
     base = c.transfer_config(out)
