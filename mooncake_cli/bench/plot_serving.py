@@ -22,9 +22,10 @@ def trace(data: dict[str, Any], samples: dict[str, dict[str, list[float]]] | Non
                              f": {data['requests']} requests, "
                              f"{data['target'] if live else data['model']}", columns=2)
     names = list(rows)
-    plots.bars(axes[0], names, {q: [rows[n]["ttft_s"][q] for n in names]
-                                for q in ("p50", "p90", "p99")}, "TTFT (s)", "TTFT by policy")
-    axes[0].tick_params(axis="x", labelrotation=20)
+    ttft = {q: [rows[n]["ttft_s"][q] for n in names] for q in ("p50", "p90", "p99")}
+    spread = [v for vs in ttft.values() for v in vs if v]
+    plots.bars(axes[0], names, ttft, "TTFT (s)", "TTFT by policy",  # log: seconds to minutes
+               log_y=bool(spread) and max(spread) > 20 * min(spread))
     for ax, (key, what) in zip(axes[1:1 + len(cdfs)], cdfs, strict=True):
         assert samples is not None
         plots.cdf(ax, samples[key], f"{what} (s)", f"{what} distribution")

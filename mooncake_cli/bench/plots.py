@@ -81,10 +81,13 @@ def save(fig: Any, path: str) -> None:
 
 
 def _plain_log(axis: Any) -> None:
-    """Log-scale ticks at 1, 2, 5 x 10^k labelled as plain numbers (0.5, 20)."""
+    """Log-scale ticks labelled as plain numbers (0.5, 20): at 1, 2, 5 x 10^k over up to three
+    decades, at the powers of ten over more."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    lo, hi = sorted(axis.get_view_interval())
+    wide = lo <= 0 or hi / lo > 1e3
+    axis.set_major_locator(LogLocator(subs=(1.0,) if wide else (1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
 
@@ -94,8 +97,10 @@ def _finish(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[1]:
-        ax.legend(fontsize="small")
+    labels = ax.get_legend_handles_labels()[1]
+    if labels:  # many series: two columns of smaller type, so the legend hides less
+        ax.legend(fontsize="small" if len(labels) <= 6 else "x-small",
+                  ncol=1 if len(labels) <= 6 else 2)
 
 
 def _styles(labels: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -176,7 +181,8 @@ def by_share(ax: Any, shares: list[float], series: Series, ylabel: str, title: s
 
 def bars(ax: Any, groups: list[str], series: dict[str, list[float | None]], ylabel: str,
          title: str, samples: dict[str, list[list[float]]] | None = None,
-         stacked: bool = False, level: tuple[float, str] | None = None) -> None:
+         stacked: bool = False, level: tuple[float, str] | None = None,
+         log_y: bool = False) -> None:
     """Grouped (or stacked) bars: one bar per series in each group (None: no bar), with each
     series' individual `samples` per group as dots over its bar, and an optional `level`."""
     n = len(series)
@@ -197,6 +203,13 @@ def bars(ax: Any, groups: list[str], series: dict[str, list[float | None]], ylab
     if level is not None:
         ax.axhline(level[0], color="black", linestyle="--", label=level[1])
     ax.set_xticks(range(len(groups)), groups)
+    if len(groups) > 4:
+        ax.tick_params(axis="x", labelrotation=30)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+    if log_y:
+        ax.set_yscale("log")
+        _plain_log(ax.yaxis)
     _finish(ax, title, "", ylabel)
 
 
