@@ -5,14 +5,16 @@ or leave, bookings released and ties. The orders it searches are checked against
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from mooncake_cli.bench import scheduler_reference as reference
-from mooncake_cli.conductor import candidates
+from mooncake_cli.conductor import candidates, policy_ours
 from mooncake_cli.conductor.costmodel import FittedCostModel, paper
 from mooncake_cli.conductor.online_cost import OnlineCostModel
+from mooncake_cli.conductor.policy_ours import PipelinePolicy
 from mooncake_cli.conductor.scheduler import Scheduler, make_policy
 from mooncake_cli.conductor.state import Cluster, Request
 
@@ -59,25 +61,35 @@ def cluster(prefill: int, decode: int, seed: int, model: object = None,
 def request(rng: random.Random, prompts: list[list[int]], i: int) -> Request:
     keys = list(rng.choice(prompts))
     if rng.random() < 0.3:  # a new turn: its own blocks after the known prefix
-        keys += [10**9 + 10 * i + j for j in range(rng.randint(1, 3))]
-    elif rng.random() < 0.1:
-        keys = [10**9 + 10 * i]  # nothing held
+        keys += [10**9 + 100 * i + j for j in range(rng.randint(1, 3))]
+    elif rng.random() < 0.15:  # a new prompt, up to 16 blocks: nothing held
+        keys = [2 * 10**9 + 100 * i + j for j in range(rng.randint(1, 16))]
     tokens = len(keys) * 512 - rng.randint(0, 511)
     return Request(f"r{i}", tokens, rng.randint(1, 600), keys)
 
 
 def replay(sched: Scheduler, prompts: list[list[int]], rng: random.Random, count: int,
-           churn: bool = False, explain: bool = True) -> int:
+           churn: bool = False, explain: bool = True) -> tuple[int, int]:
     """Decide `count` requests, each checked against the reference, then booked and its
-    blocks stored; time moves on. Returns how many prefill choices fetched a prefix."""
-    c, now, fetched, booked = sched.cluster, 0.0, 0, []
+    blocks stored; time moves on. Returns how many prefill choices fetched a prefix, and how
+    many were pipelines."""
+    c, now, fetched, piped, booked = sched.cluster, 0.0, 0, 0, []
     for i in range(count):
         req = request(rng, prompts, i)
         d = sched.schedule(req, now)
-        assert (d.prefill, d.decode) == reference.decide(sched, req, now), (i, req)
+        assert d.placement.chosen == reference.chosen(sched, req, now), (i, req)
+        assert d.decode == reference.decode(sched, req), (i, req)
+        if isinstance(sched.policy, PipelinePolicy):  # its pipeline, chosen or not
+            match = c.index.prefix_match(req.block_keys, policy_ours.SMALL)
+            mine = sched.policy._pipeline(req, c, now, match)
+            if mine is not None and mine.fetch_from == "":
+                mine = dataclasses.replace(mine, fetch_from=match.source())
+            prefix = c.index.prefix_lengths(req.block_keys)
+            assert mine == reference.pipelined(sched.policy, req, c, now, prefix), (i, req)
         if explain:  # scoring every instance, as --explain does, chooses the same
             assert d.placement.chosen == sched.schedule(req, now, True).placement.chosen
         fetched += d.placement.chosen.fetch_blocks > 0
+        piped += bool(d.placement.chosen.stages)
         sched.commit(d, req, now)
         c.index.store(d.prefill, req.block_keys)
         booked.append((d.decode, sched.decode_booking(req)))
@@ -90,7 +102,7 @@ def replay(sched: Scheduler, prompts: list[list[int]], rng: random.Random, count
             if i % 35 == 3 and len(c.prefill) > 3:
                 c.remove(c.prefill[-1].name)
         now += rng.choice((0.0, 0.0, 0.05, 0.5))
-    return fetched
+    return fetched, piped
 
 
 def test_10k_instances_decide_as_the_reference() -> None:
@@ -98,17 +110,21 @@ def test_10k_instances_decide_as_the_reference() -> None:
     assert len(c.index.holders(HOT)) > 5000  # the hot block is on most instances
     sched = Scheduler(c, make_policy("kvcache-centric"))
     replay(sched, prompts, rng, 25, explain=False)
+    sched = Scheduler(c, make_policy("kvcache-pipeline"))
+    replay(sched, prompts, rng, 10, explain=False)
 
 
-@pytest.mark.parametrize("policy", ["kvcache-centric", "cache-aware"])
+@pytest.mark.parametrize("policy", ["kvcache-centric", "cache-aware", "kvcache-pipeline"])
 @pytest.mark.parametrize("seed", [2, 3, 4])
 def test_wide_levels_decide_as_the_reference(monkeypatch: pytest.MonkeyPatch, policy: str,
                                              seed: int) -> None:
     monkeypatch.setattr(candidates, "SMALL", 1)  # every level held twice or more is walked
+    monkeypatch.setattr(policy_ours, "SMALL", 1)
     c, prompts, rng = cluster(60, 8, seed, kv_cap=6000)
     sched = Scheduler(c, make_policy(policy))
-    fetched = replay(sched, prompts, rng, 300, churn=True)
+    fetched, piped = replay(sched, prompts, rng, 300, churn=True)
     assert policy == "cache-aware" or fetched > 0  # the fetch path ran too
+    assert (policy == "kvcache-pipeline") == (piped > 0)
 
 
 @pytest.mark.parametrize("seed", [5, 6])

@@ -1,35 +1,86 @@
 """The reference the pruned scheduler is checked against: the same decision computed the
-straightforward way, every candidate scored (`mooncake bench scheduler --check`, the tests)."""
+straightforward way, as it was before the pruning -- every holder of a prefix scored, every
+idle instance looked at, every decode instance scanned (`mooncake bench scheduler --check`,
+the tests)."""
 
 from __future__ import annotations
 
-from mooncake_cli.conductor.estimate import least_queued, local
+from mooncake_cli.conductor.costmodel import transfer_time
+from mooncake_cli.conductor.estimate import Candidate, least_queued, local
 from mooncake_cli.conductor.policies import CacheAwarePolicy, KVCacheCentricPolicy
-from mooncake_cli.conductor.policy_ours import PipelinePolicy
+from mooncake_cli.conductor.policy_ours import PipelinePolicy, pipeline_time
 from mooncake_cli.conductor.scheduler import Scheduler
-from mooncake_cli.conductor.state import Request
+from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.interfaces import ConfigError
 
-COVERED = ("kvcache-centric", "cache-aware")
+COVERED = ("kvcache-centric", "cache-aware", "kvcache-pipeline")
 
 
-def prefill(sched: Scheduler, req: Request, now: float) -> str:
-    """The prefill instance: the lowest (TTFT, name) over every live holder of a prefix,
-    scored each, plus the least queued live instance holding none."""
+def _best(cands: list[Candidate]) -> Candidate:
+    return min(cands, key=lambda c: (c.ttft_s, c.instance))
+
+
+def chosen(sched: Scheduler, req: Request, now: float) -> Candidate:
+    """The prefill choice: the lowest (TTFT, name) over every live holder of a prefix,
+    scored each, plus the least queued live instance holding none; for kvcache-pipeline,
+    a pipeline over idle instances when it beats that by the policy's margin."""
     policy, cluster = sched.policy, sched.cluster
-    if isinstance(policy, KVCacheCentricPolicy) and not isinstance(policy, PipelinePolicy):
-        cands = policy.candidates(req, cluster, now, False)
-    elif isinstance(policy, CacheAwarePolicy):
+    prefix = cluster.index.prefix_lengths(req.block_keys)
+    if isinstance(policy, KVCacheCentricPolicy):
+        best = _best(policy.candidates(req, cluster, now, False, prefix))
+        if isinstance(policy, PipelinePolicy):
+            piped = pipelined(policy, req, cluster, now, prefix)
+            if piped is not None and piped.ttft_s < best.ttft_s * (1 - policy.min_gain):
+                best = piped
+        return best
+    if isinstance(policy, CacheAwarePolicy):
         insts = cluster.live_prefill()
-        prefix = cluster.index.prefix_lengths(req.block_keys)
         cands = [local(cluster, i, req, now, prefix[i.name]) for i in insts
                  if i.name in prefix]
         other = least_queued(insts, now, prefix)
         if other is not None:
             cands.append(local(cluster, other, req, now, 0))
-    else:
-        raise ConfigError(f"the reference covers {' and '.join(COVERED)}, not {policy.name}")
-    return min(cands, key=lambda c: (c.ttft_s, c.instance)).instance
+        return _best(cands)
+    raise ConfigError(f"the reference covers {', '.join(COVERED)}, not {policy.name}")
+
+
+def pipelined(policy: PipelinePolicy, req: Request, cluster: Cluster, now: float,
+              prefix: dict[str, int]) -> Candidate | None:
+    """kvcache-pipeline's pipelined candidate, every holder and instance looked at."""
+    if req.input_tokens <= policy.chunk or policy.max_stages < 2:
+        return None
+    holder = None
+    for name, blocks in prefix.items():
+        inst = cluster.by_name.get(name)
+        if inst is not None and inst.alive and inst.busy_until <= now and (
+                holder is None or blocks > prefix[holder.name]
+                or (blocks == prefix[holder.name] and name < holder.name)):
+            holder = inst
+    want = policy.max_stages + policy.reserve + 1
+    idle = [i for i in cluster.prefill if i.alive and i.busy_until <= now][:want]
+    most = min(policy.max_stages, len(idle) - policy.reserve)
+    if most < 2:
+        return None
+    model, lead = cluster.model, holder or idle[0]
+    have = prefix.get(lead.name, 0)
+    src, best = lead.name, have
+    for name, blocks in prefix.items():
+        if blocks > best or (blocks == best and blocks > have and name < src):
+            src, best = name, blocks
+    got = cluster.cached_tokens(req.input_tokens, best)
+    local_tok = cluster.cached_tokens(req.input_tokens, have)
+    others = [i.name for i in idle if i is not lead]
+    top = None
+    for k in range(2, most + 1):
+        xfer = (transfer_time(model, got - local_tok) / k
+                + transfer_time(model, got) * (k - 1) / k)
+        pre = pipeline_time(model, req.input_tokens, got, k, policy.chunk)
+        cand = Candidate(lead.name, 0.0, have, best if src != lead.name else 0,
+                         src if src != lead.name else None, xfer, pre, xfer + pre,
+                         tuple(others[:k - 1]))
+        if top is None or cand.ttft_s < top.ttft_s:
+            top = cand
+    return top
 
 
 def decode(sched: Scheduler, req: Request) -> str | None:
@@ -50,4 +101,4 @@ def decode(sched: Scheduler, req: Request) -> str | None:
 
 def decide(sched: Scheduler, req: Request, now: float) -> tuple[str, str | None]:
     """(prefill, decode) of the reference computation."""
-    return prefill(sched, req, now), decode(sched, req)
+    return chosen(sched, req, now).instance, decode(sched, req)

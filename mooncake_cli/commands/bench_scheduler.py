@@ -76,8 +76,8 @@ def scheduler(
         from mooncake_cli.bench import scheduler_reference
 
         if policy not in scheduler_reference.COVERED:
-            raise ConfigError(f"--check covers "
-                              f"{' and '.join(scheduler_reference.COVERED)}, not {policy}")
+            raise ConfigError(f"--check covers {', '.join(scheduler_reference.COVERED)}, "
+                              f"not {policy}")
         reference = scheduler_reference.decide
     if out.json:
         report = run(cfg, None, reference)

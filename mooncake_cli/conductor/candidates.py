@@ -15,7 +15,8 @@ the cheapest remaining cost exceeds the best estimate found.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Set as AbstractSet
+from collections.abc import Iterator
+from itertools import filterfalse
 
 from mooncake_cli.conductor.estimate import Candidate, Work, work
 from mooncake_cli.conductor.prefix_match import PrefixMatch
@@ -23,7 +24,6 @@ from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.interfaces import ConfigError
 
 SMALL = 16  # prefix levels held by more instances than this are walked, not listed
-SCAN = 32  # idle names scanned one by one before a set operation over all of them
 _REL = 1e-12  # float slack when a bound rules an instance out (sums round differently)
 
 
@@ -37,23 +37,13 @@ def _better(c: Candidate, top: Candidate | None) -> bool:
                                                     c.instance < top.instance)
 
 
-def _first_at(idle: list[str], match: PrefixMatch, d: int) -> str | None:
+def first_at(idle: list[str], match: PrefixMatch, d: int) -> str | None:
     """The first of the sorted `idle` names holding exactly `d` leading blocks, among those
-    not listed in `match.deep`: a scan of the first few names, then set operations (C)."""
-    levels, deep = match.levels, match.deep
-    inside = levels[d - 1] if d else None
-    beyond = levels[d] if d < len(levels) else deep
-    head = idle[:SCAN]
-    rest: AbstractSet[str] | None
-    if inside is None:
-        found = next((n for n in head if n not in beyond and n not in deep), None)
-        rest = None if found is not None or len(idle) <= SCAN else \
-            set(idle).difference(beyond, deep)
-    else:
-        found = next((n for n in head if n in inside and n not in beyond), None)
-        rest = None if found is not None or len(idle) <= SCAN else \
-            inside.intersection(idle).difference(beyond)
-    return found if rest is None else min(rest, default=None)
+    not listed in `match.deep` (a lazy filter run by C: it stops at the first)."""
+    levels = match.levels
+    beyond = levels[d] if d < len(levels) else match.deep  # holding more; deep: listed
+    names: Iterator[str] = iter(idle) if not d else filter(levels[d - 1].__contains__, idle)
+    return next(filterfalse(beyond.__contains__, names), None)
 
 
 def best_candidate(cluster: Cluster, req: Request, now: float,
@@ -103,7 +93,7 @@ def best_candidate(cluster: Cluster, req: Request, now: float,
         if top is not None and cost(d) > top.ttft_s:  # idle: the estimate is the cost
             seen.update(x for x in wide if cost(x) > top.ttft_s)  # hopeless when busy too
             break
-        first = _first_at(idle, match, d)
+        first = first_at(idle, match, d)
         if first is not None:  # later idle ones at this depth tie and lose on name
             seen.add(d)
             c = plan(d).on(by_name[first], now, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -77,30 +78,46 @@ class _Lazy:
 
 class QueueOrder(_Lazy):
     """Live prefill instances by estimated start time, max(busy_until, now), then name: the
-    idle ones as a sorted list of names, then the busy ones by busy_until."""
+    idle ones as a sorted list of names (and one in registration order), then the busy ones
+    by busy_until."""
 
     def __init__(self) -> None:
         super().__init__()
         self._busy: list[tuple[float, str, int]] = []
         self._idle: list[str] = []
+        self._idle_added: list[tuple[int, str]] = []  # (registration number, name)
+        self._added: dict[str, int] = {}
+        self._numbers = itertools.count()
         self._now = -math.inf
+
+    def add(self, inst: InstanceState) -> None:
+        super().add(inst)
+        self._added[inst.name] = next(self._numbers)
 
     def live_count(self, now: float) -> int:
         self._sync(now)
         return len(self._live)
 
     def remove(self, name: str) -> None:
-        super().remove(name)
         self._unidle(name)
+        super().remove(name)
+        self._added.pop(name, None)
 
     def _unidle(self, name: str) -> None:
         i = bisect.bisect_left(self._idle, name)
         if i < len(self._idle) and self._idle[i] == name:
             del self._idle[i]
+            entry = (self._added[name], name)
+            j = bisect.bisect_left(self._idle_added, entry)
+            del self._idle_added[j]
+
+    def _enidle(self, name: str) -> None:
+        bisect.insort(self._idle, name)
+        bisect.insort(self._idle_added, (self._added[name], name))
 
     def _sync(self, now: float) -> None:
         if now < self._now or self._compact_due(len(self._busy)):
-            self._busy, self._idle = [], []  # rebuilt: which are idle depends on now
+            self._busy, self._idle, self._idle_added = [], [], []  # idle depends on now
             self._dirty.update((n, self._insts[n]) for n in self._live)
         self._now = now
         if self._dirty:
@@ -108,14 +125,14 @@ class QueueOrder(_Lazy):
                 self._unidle(name)
             for inst, st in self._flush():
                 if inst.busy_until <= now:
-                    bisect.insort(self._idle, inst.name)
+                    self._enidle(inst.name)
                 else:
                     heapq.heappush(self._busy, (inst.busy_until, inst.name, st))
         busy, stamp = self._busy, self._stamp
         while busy and (busy[0][0] <= now or stamp.get(busy[0][1]) != busy[0][2]):
             _, name, st = heapq.heappop(busy)
             if stamp.get(name) == st:
-                bisect.insort(self._idle, name)
+                self._enidle(name)
                 stamp[name] = st + 1  # its busy entries are void now
 
     def idle(self, now: float) -> list[str]:
@@ -123,6 +140,12 @@ class QueueOrder(_Lazy):
         order's own list, valid until the next change."""
         self._sync(now)
         return self._idle
+
+    def idle_first_added(self, now: float, count: int) -> list[str]:
+        """The names of the first `count` live instances idle at `now`, in the order they
+        were added."""
+        self._sync(now)
+        return [name for _, name in self._idle_added[:count]]
 
     def busy(self, now: float) -> Iterator[InstanceState]:
         """Live instances busy at `now`, by (busy_until, name). Changes made meanwhile count

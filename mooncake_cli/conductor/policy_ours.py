@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from mooncake_cli.conductor.candidates import SMALL, best_candidate, first_at
 from mooncake_cli.conductor.costmodel import CostModel, transfer_time
 from mooncake_cli.conductor.estimate import Candidate, Placement
 from mooncake_cli.conductor.policies import KVCacheCentricPolicy
+from mooncake_cli.conductor.prefix_match import PrefixMatch
 from mooncake_cli.conductor.state import Cluster, InstanceState, Request
 
 
@@ -50,52 +54,61 @@ class PipelinePolicy(KVCacheCentricPolicy):
 
     def place(self, req: Request, cluster: Cluster, now: float,
               explain: bool = False) -> Placement:
-        prefix = cluster.index.prefix_lengths(req.block_keys)
-        cands = self.candidates(req, cluster, now, explain, prefix)
-        best = min(cands, key=lambda c: (c.ttft_s, c.instance))
-        piped = self._pipeline(req, cluster, now, prefix)
+        match = cluster.index.prefix_match(req.block_keys, SMALL)
+        if explain:
+            cands = self.candidates(req, cluster, now, explain, match.lengths())
+            best = min(cands, key=lambda c: (c.ttft_s, c.instance))
+        else:  # Algorithm 1's choice, scoring only instances that can win
+            cands, best = [], best_candidate(cluster, req, now, self.threshold)
+        piped = self._pipeline(req, cluster, now, match)
         if piped is not None:
-            if piped.ttft_s < best.ttft_s * (1 - self.min_gain):
+            chosen = piped.ttft_s < best.ttft_s * (1 - self.min_gain)
+            if piped.fetch_from == "" and (chosen or explain):  # named only when needed
+                piped = dataclasses.replace(piped, fetch_from=match.source())
+            if chosen:
                 best = piped
-            if explain or best is piped:
+            if explain or chosen:
                 cands.append(piped)
         return Placement(self.name, best, tuple(cands) if explain else ())
 
     def _idle(self, cluster: Cluster, now: float,
-              prefix: dict[str, int]) -> tuple[InstanceState | None, list[InstanceState]]:
-        """The idle instance holding the longest prefix (None if no holder is idle), and the
-        first idle instances in registration order, enough for the stages and the reserve."""
+              match: PrefixMatch) -> tuple[InstanceState | None, list[InstanceState]]:
+        """The idle instance holding the longest prefix (lowest name on ties; None if no
+        holder is idle), and the first idle instances in registration order, enough for the
+        stages and the reserve."""
         holder: InstanceState | None = None
-        for name, blocks in prefix.items():
+        top = 0
+        for name, blocks in match.deep.items():
             inst = cluster.by_name.get(name)
             if inst is not None and inst.alive and inst.busy_until <= now and (
-                    holder is None or blocks > prefix[holder.name]
-                    or (blocks == prefix[holder.name] and name < holder.name)):
-                holder = inst
-        first: list[InstanceState] = []
-        want = self.max_stages + self.reserve + 1
-        for inst in cluster.prefill:
-            if inst.alive and inst.busy_until <= now:
-                first.append(inst)
-                if len(first) >= want:
+                    blocks > top or (blocks == top and holder is not None and
+                                     name < holder.name)):
+                holder, top = inst, blocks
+        if holder is None:  # the wide levels, deepest first
+            idle = cluster.queues.idle(now)
+            for d in reversed(match.wide_depths()[1:]):
+                first = first_at(idle, match, d)
+                if first is not None:
+                    holder = cluster.by_name[first]
                     break
-        return holder, first
+        want = self.max_stages + self.reserve + 1
+        return holder, [cluster.by_name[n] for n in cluster.queues.idle_first_added(now, want)]
 
     def _pipeline(self, req: Request, cluster: Cluster, now: float,
-                  prefix: dict[str, int]) -> Candidate | None:
+                  match: PrefixMatch) -> Candidate | None:
+        """The best pipelined candidate; its `fetch_from` is "" when it fetches from the
+        lowest-named holder of the longest prefix, named by the caller if it is chosen."""
         if req.input_tokens <= self.chunk or self.max_stages < 2:
             return None
-        holder, idle = self._idle(cluster, now, prefix)
+        holder, idle = self._idle(cluster, now, match)
         most = min(self.max_stages, len(idle) - self.reserve)
         if most < 2:
             return None
         model = cluster.model
         lead = holder or idle[0]
-        have = prefix.get(lead.name, 0)
-        src, best = lead.name, have
-        for name, blocks in prefix.items():
-            if blocks > best or (blocks == best and blocks > have and name < src):
-                src, best = name, blocks
+        have = match.depth(lead.name)
+        best = match.longest()
+        src = lead.name if best == have else ""
         got = cluster.cached_tokens(req.input_tokens, best)
         local_tok = cluster.cached_tokens(req.input_tokens, have)
         others = [i.name for i in idle if i is not lead]
