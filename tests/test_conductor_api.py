@@ -200,7 +200,8 @@ def test_decode_side_failures_reroute_400_or_wait() -> None:
         fits = jsonhttp.call(svc.url + "/v1/completions", small_req, timeout=60)
         assert fits.status == 200 and fits.body["usage"]["completion_tokens"] >= 1
         state = svc.conductor.scheduler.cluster.by_name
-        assert state["d1"].batch == 0 and state["p0"].queued == 0  # nothing left booked
+        assert state["d1"].booked_requests == 0 and state["d1"].booked_tokens == 0 and \
+            state["p0"].queued == 0  # nothing left booked
     finally:
         small.close()
         p.close()

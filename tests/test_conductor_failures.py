@@ -87,7 +87,7 @@ def alive(svc: ConductorService) -> dict[str, bool]:
 def assert_nothing_booked(svc: ConductorService) -> None:
     assert all(not q for q in svc.conductor.bookings._queued.values())
     for inst in svc.conductor.scheduler.cluster.by_name.values():
-        assert inst.queued == 0 and inst.batch == 0, inst
+        assert inst.queued == 0 and inst.booked_requests == 0 and inst.booked_tokens == 0, inst
 
 
 def test_decode_failing_mid_answer_moves_then_is_503_not_a_finished_answer(
