@@ -43,6 +43,8 @@ def start(
     tbt_slo: float = _opt("--tbt-slo", "tbt_slo"),
     max_queue: int = _opt("--max-queue", "max_queue", "N"),
     prefill_depth: int = _opt("--prefill-depth", "prefill_depth", "N"),
+    request_timeout: float = _opt("--request-timeout", "request_timeout", "SECONDS"),
+    max_migrations: int = _opt("--max-migrations", "max_migrations", "N"),
     profile: str = _opt("--profile", "profile"),
     explain: str = _opt("--explain", "explain", "FILE"),
     seed: int = _opt("--seed", "seed"),
@@ -71,7 +73,8 @@ def start(
     cfg = load(ConductorConfig, "conductor", config or out.config_file, host=host, port=port,
                model=model, served_model_name=served_model_name, block_size=block_size,
                dtype=dtype, policy=policy, prefill=prefill, decode=decode, registry=registry,
-               peers=peers, peer_ttl=peer_ttl,
+               peers=peers, peer_ttl=peer_ttl, request_timeout=request_timeout,
+               max_migrations=max_migrations,
                ttft_slo=ttft_slo, max_queue=max_queue, prefill_depth=prefill_depth,
                tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed, api_key=api_key,
                audit_log=audit_log)
