@@ -44,6 +44,7 @@ def test_every_stream_survives_a_killed_decode_worker() -> None:
     assert chaos["conductor_migration_gap"]["count"] == chaos["migrations"]
     assert chaos["added_latency"]["streams"] == chaos["moved_streams"]
     assert chaos["added_latency"]["p50_s"] is not None
+    assert chaos["migration_placement"]["queue_wait_p50_s"] is not None
     # a moved stream's prompt (and what the dead worker wrote behind) came from the store
     assert chaos["reused_blocks_per_migration"] > 0
     assert chaos["reused_tokens"] + chaos["recomputed_tokens"] > 0
@@ -53,6 +54,10 @@ def test_every_stream_survives_a_killed_decode_worker() -> None:
     assert wb["on"]["stored_blocks"] > 0 and wb["off"]["decode_tokens_per_s"] > 0
     assert wb["ratio"] == pytest.approx(wb["on"]["decode_tokens_per_s"] /
                                         wb["off"]["decode_tokens_per_s"])
+    for side in ("on", "off"):  # CPU time read off /proc for every process of the cluster
+        assert wb[side]["cluster_cpu_s"] > wb[side]["decode_cpu_s"] > 0
+    assert wb["cpu_ratio"] == pytest.approx(wb["on"]["tokens_per_cpu_s"] /
+                                            wb["off"]["tokens_per_cpu_s"])
 
 
 @pytest.mark.parametrize("args, message", [

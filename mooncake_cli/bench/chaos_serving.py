@@ -9,16 +9,18 @@ One cluster of processes (`serving_procs`): a store master, the conductor, one p
 1. warm-up: every prompt once with max_tokens 1, so the store holds the prompts' blocks;
 2. clean: `streams` concurrent greedy streams (prompts sharing a long prefix), no kills, decode
    workers without write-behind: the reference texts;
-3. write-behind off: another `streams` prompts the same way (decode tokens/s);
+3. write-behind off: another `streams` prompts the same way (decode tokens/s, tokens per CPU
+   second: `write_behind_cost`);
 4. the decode workers replaced by ones with write-behind, warm-up again; write-behind on: the
-   prompts of 3 again (decode tokens/s; on / off is the write-behind's cost);
+   prompts of 3 again (on / off is the write-behind's cost);
 5. chaos: the prompts of 2 again; every `kill_every` seconds (once all `decode` workers are up)
    one decode worker running requests, chosen at random, gets SIGKILL and a fresh one is
    started in its place. Counted: streams whose text equals the clean run's, streams that
    failed, the conductor's migrations, the added latency of a moved stream (its largest gap
    between two tokens minus the same stream's in the clean run; moved streams are those the
-   conductor's explain log shows placed again), and blocks reused and recomputed per migration
-   (the conductor's migration token counters over the block size).
+   conductor's explain log shows placed again, with how long those placements waited), and
+   blocks reused and recomputed per migration (the conductor's migration token counters over
+   the block size).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 from mooncake_cli.bench.serving_procs import ServingCluster, ServingSpec
 from mooncake_cli.bench.serving_streams import Stream, prompts, run_streams, throughput
+from mooncake_cli.bench.write_behind_cost import compare, measure
 from mooncake_cli.interfaces import ConfigError
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -128,7 +131,7 @@ def _chaos(cluster: ServingCluster, cfg: ServingChaosConfig, texts: list[str],
     return box[0], kills
 
 
-def _added_latency(clean: list[Stream], chaos: list[Stream], moved: dict[str, int]
+def _added_latency(clean: list[Stream], chaos: list[Stream], moved: set[str]
                    ) -> dict[str, Any]:
     added = []
     for ref, s in zip(clean, chaos, strict=True):
@@ -149,7 +152,10 @@ def _chaos_report(cluster: ServingCluster, clean: list[Stream], chaos: list[Stre
 
     migrations = delta("mooncake_conductor_migrations_total")
     gaps = delta(MIGRATION + "_gap_seconds_count")
-    moved = cluster.moved_requests()
+    placements = cluster.migrations()
+    moved = {str(r["request"]).rpartition(".m")[0] for r in placements}
+    waited = [float(r.get("queue", {}).get("waited_s", 0.0)) for r in placements]
+    prefill_queue = [float(r["prefill"]["queue_s"]) for r in placements]
     reused = delta(MIGRATION + "_reused_tokens_total")
     recomputed = delta(MIGRATION + "_recomputed_tokens_total")
     per = (lambda tokens: tokens / BLOCK / migrations) if migrations else (lambda _: None)
@@ -163,27 +169,15 @@ def _chaos_report(cluster: ServingCluster, clean: list[Stream], chaos: list[Stre
         "failures": _errors(chaos), "kills": kills, "migrations": int(migrations),
         "moved_streams": sum(s.rid in moved for s in chaos),
         "added_latency": _added_latency(clean, chaos, moved),
+        "migration_placement": {  # where a moved answer waits before its new prefill runs
+            "queue_wait_p50_s": _pct(waited, 0.5), "queue_wait_p99_s": _pct(waited, 0.99),
+            "prefill_queue_estimate_p50_s": _pct(prefill_queue, 0.5)},
         "conductor_migration_gap": {"count": int(gaps), "mean_s": delta(
             MIGRATION + "_gap_seconds_sum") / gaps if gaps else None},
         "reused_tokens": int(reused), "recomputed_tokens": int(recomputed),
         "reused_blocks_per_migration": per(reused),
         "recomputed_blocks_per_migration": per(recomputed),
         **throughput(chaos)}
-
-
-def _write_behind(cluster: ServingCluster, off: list[Stream], on: list[Stream],
-                  before: dict[str, float]) -> dict[str, Any]:
-    after = cluster.decode_metrics()
-    t_off, t_on = throughput(off), throughput(on)
-    stored = "mooncake_worker_write_behind_blocks_total"
-    dropped = "mooncake_worker_write_behind_dropped_blocks_total"
-    return {"off": t_off | {"errors": sum(not s.ok for s in off)},
-            "on": t_on | {"errors": sum(not s.ok for s in on),
-                          "stored_blocks": int(after.get(stored, 0) - before.get(stored, 0)),
-                          "dropped_blocks": int(after.get(dropped, 0) - before.get(dropped, 0))},
-            "same_text": sum(a.ok and a.text == b.text for a, b in zip(off, on, strict=True)),
-            "ratio": t_on["decode_tokens_per_s"] / t_off["decode_tokens_per_s"]
-            if t_off["decode_tokens_per_s"] else None}
 
 
 def run(cfg: ServingChaosConfig, progress: Progress) -> dict[str, Any]:
@@ -198,14 +192,14 @@ def run(cfg: ServingChaosConfig, progress: Progress) -> dict[str, Any]:
             progress("starting the cluster", 1, 1)
             _warm(cluster, texts, "warm-up", progress)
             clean = _streams(cluster, ref_texts, cfg.max_tokens, "clean", progress)
-            off = _streams(cluster, load_texts, cfg.max_tokens, "write-behind off", progress)
+            off = measure(cluster, lambda: _streams(cluster, load_texts, cfg.max_tokens,
+                                                    "write-behind off", progress))
             progress("write-behind workers", 0, 1)
             cluster.start_decodes(write_behind=True)
             progress("write-behind workers", 1, 1)
             _warm(cluster, texts, "warm-up again", progress)
-            before = cluster.decode_metrics()
-            on = _streams(cluster, load_texts, cfg.max_tokens, "write-behind on", progress)
-            write_behind = _write_behind(cluster, off, on, before)
+            on = measure(cluster, lambda: _streams(cluster, load_texts, cfg.max_tokens,
+                                                   "write-behind on", progress))
             before = cluster.conductor_metrics()
             chaos, kills = _chaos(cluster, cfg, ref_texts, progress)
             report = _chaos_report(cluster, clean, chaos, kills, before)
@@ -213,4 +207,4 @@ def run(cfg: ServingChaosConfig, progress: Progress) -> dict[str, Any]:
     return {"config": asdict(cfg), "model": model, "kv_blocks_per_decode": spec.kv_blocks,
             "clean": throughput(clean) | {"errors": sum(not s.ok for s in clean),
                                           "failures": _errors(clean)},
-            "chaos": report, "write_behind": write_behind}
+            "chaos": report, "write_behind": compare(off, on)}

@@ -15,6 +15,7 @@ gets SIGTERM when the thread that started it ends: stats.Child), so call from th
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import threading
@@ -59,6 +60,16 @@ def metrics(text: str) -> dict[str, float]:
         for s in family.samples:
             out[s.name] = out.get(s.name, 0.0) + s.value
     return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # from field 3 (state) on
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class ServingCluster:
@@ -197,17 +208,19 @@ class ServingCluster:
                 total[k] = total.get(k, 0.0) + v
         return total
 
-    def moved_requests(self) -> dict[str, int]:
-        """Request id -> times its answer moved, from the explain log (`<id>.m<N>` records)."""
-        moved: dict[str, int] = {}
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the decode workers and of every process of the cluster."""
+        return {"decode": sum(cpu_seconds(w.child.proc.pid) for w in self.decodes),
+                "cluster": sum(cpu_seconds(c.proc.pid) for c in self._children
+                               if c.running())}
+
+    def migrations(self) -> list[dict[str, Any]]:
+        """The explain log's placements of moved answers (request `<id>.m<N>`)."""
         if not self.explain.exists():
-            return moved
-        for line in self.explain.read_text(encoding="utf-8").splitlines():
-            rid = str(json.loads(line).get("request", ""))
-            base, sep, n = rid.rpartition(".m")
-            if sep and n.isdigit():
-                moved[base] = max(moved.get(base, 0), int(n))
-        return moved
+            return []
+        records = [json.loads(line) for line in
+                   self.explain.read_text(encoding="utf-8").splitlines()]
+        return [r for r in records if ".m" in str(r.get("request", ""))]
 
     def close(self) -> None:
         for child in reversed(self._children):

@@ -58,13 +58,16 @@ def _human(rep: dict[str, Any]) -> Any:
         con.print(f"  migrations {ch['migrations']} ({ch['moved_streams']} streams moved); "
                   f"added latency p50 {_fmt(lat['p50_s'])}, p99 {_fmt(lat['p99_s'])} "
                   f"(largest token gap minus the clean run's); conductor's migration gap "
-                  f"mean {_fmt(ch['conductor_migration_gap']['mean_s'])}")
+                  f"mean {_fmt(ch['conductor_migration_gap']['mean_s'])}; a moved answer "
+                  f"waited {_fmt(ch['migration_placement']['queue_wait_p50_s'])} (p50) in "
+                  f"the conductor's queue")
         con.print(f"  blocks per migration: reused {_fmt(per, '')}, recomputed "
                   f"{_fmt(ch['recomputed_blocks_per_migration'], '')}")
-        con.print(f"  write-behind: decode {wb['on']['decode_tokens_per_s']:.1f} tokens/s on, "
-                  f"{wb['off']['decode_tokens_per_s']:.1f} off: ratio {_fmt(wb['ratio'], '')} "
-                  f"({wb['on']['stored_blocks']} blocks stored, {wb['on']['dropped_blocks']} "
-                  f"dropped)")
+        on, off = wb["on"], wb["off"]
+        con.print(f"  write-behind: decode {on['decode_tokens_per_s']:.1f} tokens/s on, "
+                  f"{off['decode_tokens_per_s']:.1f} off: ratio {_fmt(wb['ratio'], '')}; "
+                  f"tokens per CPU second of the cluster: ratio {_fmt(wb['cpu_ratio'], '')} "
+                  f"({on['stored_blocks']} blocks stored, {on['dropped_blocks']} dropped)")
         for e in (ch["failures"] + rep["clean"]["failures"])[:5]:
             con.print(f"  [red]failed:[/red] {e}")
     return draw
