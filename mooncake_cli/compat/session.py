@@ -96,8 +96,8 @@ class SetupArgs:
             log.warning("setup: tenant_id %r: this store has one key space for all tenants",
                         v["tenant_id"])
         if v.get("enable_client_http_server"):
-            log.warning("setup: the client HTTP server is not served here (see `mooncake "
-                        "store serve --metrics-port`)")
+            log.warning("setup: the client HTTP server is not served here (the store "
+                        "master serves /metrics: `mooncake store master --metrics-port`)")
         ssd = str(v.get("ssd_offload_path") or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH",
                                                               "")) or None
         return cls(host.strip("[]"), metadata_url(str(v["metadata_server"])), segment, buffer,
