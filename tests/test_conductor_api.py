@@ -82,7 +82,9 @@ def test_registry_and_dead_prefill_is_rerouted(conductor: ConductorService) -> N
     assert {i["name"]: i["alive"] for i in listed} == {"d0": True, "p0": True, "p1": True}
     answer = jsonhttp.call(url + "/v1/completions",
                            {"model": "demo", "prompt": "hello", "max_tokens": 2})
-    assert answer.status == 503 and "tried p" in answer.body["error"]["message"]
+    # both prefill instances found dead (free re-places): none is left to schedule on
+    assert answer.status == 503, answer.body
+    assert answer.body["error"]["message"] == "no live prefill instance to schedule on"
     listed = jsonhttp.call(url + "/v1/instances").body["instances"]
     assert {i["name"]: i["alive"] for i in listed} == {"d0": True, "p0": False, "p1": False}
     metrics = jsonhttp.call(url + "/metrics").body["text"]

@@ -40,6 +40,7 @@ from mooncake_cli.jsonhttp import AsyncPeer
 from mooncake_cli.kvkeys import block_keys
 
 log = logging.getLogger(__name__)
+FREE_REPLACES = 8  # places again after a dead instance that do not count against `retries`
 
 
 class Conductor:
@@ -148,7 +149,7 @@ class Conductor:
             self.bookings.unbook(decision, sreq, prefill_only=ans is not None and
                                  ans.status == 200)
             if ans is None:  # an instance failed or left: place the request again
-                attempt += 1
+                attempt += self._counts(tried)
                 continue
             pname, dname = decision.prefill, decision.decode or ""
             if ans.status != 200:
@@ -158,12 +159,13 @@ class Conductor:
                     self.bookings.saw_full(dname)
                     full = True
                     continue
-                attempt += 1
                 if code is ErrorCode.DECODE_UNREACHABLE:  # the decode worker died: again
                     await self.decoding.alive(dname, durl, msg)
                     self.metrics.add("rerouted_total")
                     tried.append(dname)
+                    attempt += self._counts(tried)
                     continue
+                attempt += 1
                 raise self._prefill_refused(pname, dname, msg, code, ans.status, param)
             try:
                 answer = validate(roles.PrefillAnswer, ans.body)
@@ -175,6 +177,16 @@ class Conductor:
             return Placed(decision, purl, durl, answer)
         raise ServingError(ErrorCode.UPSTREAM_FAILED, f"no instance could take the request "
                            f"(tried {', '.join(tried)})")
+
+    def _counts(self, tried: list[str]) -> int:
+        """1 when the last failure uses one of the request's `retries`: an instance found dead
+        (or gone) is out of the cluster now, so placing again without it is progress; only
+        the first few such places are free, so that instances that die and come back cannot
+        keep a request forever."""
+        name = tried[-1] if tried else ""
+        inst = self.instances.get(name) if name else None
+        free = (inst is None or bool(inst.dead_reason)) and len(tried) <= FREE_REPLACES
+        return 0 if free else 1
 
     def _prefill_refused(self, pname: str, dname: str, msg: str, code: ErrorCode | None,
                          status: int, param: str) -> ServingError:

@@ -10,7 +10,6 @@ from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError, peer_code
 from mooncake_cli.api.schema import validate
 from mooncake_cli.auth import Signer
-from mooncake_cli.interfaces import TransferError
 from mooncake_cli.jsonhttp import call
 from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
@@ -98,11 +97,13 @@ class KVStream:
                 if st.state is not State.COMPLETED]
 
     def finish(self) -> None:
-        """Wait for every WRITE; TransferError naming the first one that failed."""
+        """Wait for every WRITE; DECODE_UNREACHABLE naming the first one that failed (the
+        conductor then places the request again, with another decode worker if this one is
+        gone)."""
         failures = self._settle()
         if failures:
-            raise TransferError(f"streaming KV to {self.segment} failed: "
-                                f"{failures[0].reason or 'timed out'}")
+            raise ServingError(ErrorCode.DECODE_UNREACHABLE, f"streaming KV to {self.segment} "
+                               f"failed: {failures[0].reason or 'timed out'}")
         self._batches.clear()
 
     def release(self) -> None:
