@@ -65,7 +65,7 @@ class Decoding:
                      ticket: Ticket) -> AsyncIterator[dict[str, Any]]:
         """The answer's events; a decode worker that fails hands the request to another one
         (up to `max_migrations` times: `mooncake_cli.conductor.migration`)."""
-        progress = Progress(list(ids), req.sampling)
+        progress = Progress(list(ids), req.sampling, moves=ticket.migrations)
         while True:
             try:
                 async with aclosing(self._stream_from(placed, progress, req, ticket)) as events:
@@ -83,7 +83,6 @@ class Decoding:
                     raise ServingError(ErrorCode.UPSTREAM_FAILED, f"{lost} (moved "
                                        f"{progress.moved} times already, the limit)") from None
                 move = progress.record(lost, alive)
-                ticket.migrations.append(move)
                 self.c.metrics.add("migrations_total")
                 log.warning("request %s: %s; moving it after %d tokens", rid, lost,
                             len(progress.tokens))

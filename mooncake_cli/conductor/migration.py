@@ -40,7 +40,8 @@ class Progress:
     tokens: list[int] = field(default_factory=list)
     sent_chars: int = 0
     finished: bool = False  # the final event was seen
-    moves: list[dict[str, Any]] = field(default_factory=list)  # one record per migration
+    moves: list[dict[str, Any]] = field(default_factory=list)  # one record per migration (the
+    # ticket's own list, so the answer's headers count them)
     lost_at: float | None = None  # when the last stream broke (for the added latency)
 
     def saw(self, ev: dict[str, Any]) -> None:
