@@ -5,10 +5,9 @@ the tests)."""
 
 from __future__ import annotations
 
-from mooncake_cli.conductor.costmodel import transfer_time
 from mooncake_cli.conductor.estimate import Candidate, least_queued, local
 from mooncake_cli.conductor.policies import CacheAwarePolicy, KVCacheCentricPolicy
-from mooncake_cli.conductor.policy_ours import PipelinePolicy, pipeline_time
+from mooncake_cli.conductor.policy_ours import PipelinePolicy, best_stages
 from mooncake_cli.conductor.scheduler import Scheduler
 from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.interfaces import ConfigError
@@ -61,26 +60,14 @@ def pipelined(policy: PipelinePolicy, req: Request, cluster: Cluster, now: float
     most = min(policy.max_stages, len(idle) - policy.reserve)
     if most < 2:
         return None
-    model, lead = cluster.model, holder or idle[0]
+    lead = holder or idle[0]
     have = prefix.get(lead.name, 0)
     src, best = lead.name, have
     for name, blocks in prefix.items():
         if blocks > best or (blocks == best and blocks > have and name < src):
             src, best = name, blocks
-    got = cluster.cached_tokens(req.input_tokens, best)
-    local_tok = cluster.cached_tokens(req.input_tokens, have)
     others = [i.name for i in idle if i is not lead]
-    top = None
-    for k in range(2, most + 1):
-        xfer = (transfer_time(model, got - local_tok) / k
-                + transfer_time(model, got) * (k - 1) / k)
-        pre = pipeline_time(model, req.input_tokens, got, k, policy.chunk)
-        cand = Candidate(lead.name, 0.0, have, best if src != lead.name else 0,
-                         src if src != lead.name else None, xfer, pre, xfer + pre,
-                         tuple(others[:k - 1]))
-        if top is None or cand.ttft_s < top.ttft_s:
-            top = cand
-    return top
+    return best_stages(cluster, req, lead.name, have, best, src, others, most, policy.chunk)
 
 
 def decode(sched: Scheduler, req: Request) -> str | None:

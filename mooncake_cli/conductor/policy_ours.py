@@ -26,6 +26,27 @@ def pipeline_time(model: CostModel, n: int, p: int, stages: int, chunk: int) -> 
     return total + (stages - 1) * model.prefill_time(n, last_start) / stages
 
 
+def best_stages(cluster: Cluster, req: Request, lead: str, have: int, best: int, src: str,
+                others: list[str], most: int, chunk: int) -> Candidate | None:
+    """The fastest pipeline of 2..`most` stages led by `lead` (holding `have` prefix blocks;
+    `src` holds the longest, `best`) with the first of `others` as the other stages."""
+    model = cluster.model
+    got = cluster.cached_tokens(req.input_tokens, best)
+    local_tok = cluster.cached_tokens(req.input_tokens, have)
+    top: Candidate | None = None
+    for k in range(2, most + 1):
+        # the lead lacks (got - local) tokens of all layers; each other stage its slice
+        xfer = (transfer_time(model, got - local_tok) / k
+                + transfer_time(model, got) * (k - 1) / k)
+        pre = pipeline_time(model, req.input_tokens, got, k, chunk)
+        cand = Candidate(lead, 0.0, have, best if src != lead else 0,
+                         src if src != lead else None, xfer, pre, xfer + pre,
+                         tuple(others[:k - 1]))
+        if top is None or cand.ttft_s < top.ttft_s:
+            top = cand
+    return top
+
+
 class PipelinePolicy(KVCacheCentricPolicy):
     """Ours: Algorithm 1 (`kvcache-centric`), and when instances sit idle, a prefill may be
     spread over several of them as a pipeline of layer stages fed with chunks of the prompt
@@ -104,23 +125,9 @@ class PipelinePolicy(KVCacheCentricPolicy):
         most = min(self.max_stages, len(idle) - self.reserve)
         if most < 2:
             return None
-        model = cluster.model
         lead = holder or idle[0]
         have = match.depth(lead.name)
         best = match.longest()
         src = lead.name if best == have else ""
-        got = cluster.cached_tokens(req.input_tokens, best)
-        local_tok = cluster.cached_tokens(req.input_tokens, have)
         others = [i.name for i in idle if i is not lead]
-        top: Candidate | None = None
-        for k in range(2, most + 1):
-            # the lead lacks (got - local) tokens of all layers; each other stage its slice
-            xfer = (transfer_time(model, got - local_tok) / k
-                    + transfer_time(model, got) * (k - 1) / k)
-            pre = pipeline_time(model, req.input_tokens, got, k, self.chunk)
-            cand = Candidate(lead.name, 0.0, have, best if src != lead.name else 0,
-                             src if src != lead.name else None, xfer, pre, xfer + pre,
-                             tuple(others[:k - 1]))
-            if top is None or cand.ttft_s < top.ttft_s:
-                top = cand
-        return top
+        return best_stages(cluster, req, lead.name, have, best, src, others, most, self.chunk)
