@@ -175,7 +175,7 @@ def test_no_master_is_skipped() -> None:
 
 
 def test_ha_leader_and_standby(etcd: str) -> None:
-    pytest.importorskip("mooncake_cli.store.election")
+    pytest.importorskip("mooncake_cli.store.ha.election")
     from tests.helpers.store_procs import start_ha_master
 
     ha = f"{etcd}/doctor-{free_port()}"

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from mooncake_cli.store import ReplicaStatus, ReplicateConfig, Segment, StoreMaster
-from mooncake_cli.store import protocol as p
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import (
     InvalidParams,
@@ -22,6 +21,7 @@ from mooncake_cli.store.errors import (
     SegmentNotFound,
     StoreError,
 )
+from mooncake_cli.store.wire import protocol as p
 from tests.conftest import free_port, wait_for
 from tests.helpers.store_procs import Proc, start_master
 

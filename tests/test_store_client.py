@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from mooncake_cli.store import ErrorCode, Replica, ReplicateConfig, StoreError
-from mooncake_cli.store import protocol as p
 from mooncake_cli.store.client import StoreClient, batch_reads
 from mooncake_cli.store.errors import ChecksumMismatch, ObjectNotFound, TransferFailed
+from mooncake_cli.store.wire import protocol as p
 from tests.conftest import free_port, wait_for
 from tests.helpers.store_node import value
 from tests.helpers.store_procs import Proc, start_master, start_node

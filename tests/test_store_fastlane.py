@@ -14,11 +14,11 @@ import pytest
 
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectNotFound, RpcFailed, StoreError
-from mooncake_cli.store.fastlane import HEADER, AnswerLost, Lane, LaneServer, lane_name
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.protocol import BatchGetReplicaList, BatchPutEnd, Exists
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.store.wire import protocol
+from mooncake_cli.store.wire.fastlane import HEADER, AnswerLost, Lane, LaneServer, lane_name
+from mooncake_cli.store.wire.protocol import BatchGetReplicaList, BatchPutEnd, Exists
 from mooncake_cli.transfer.wire import HELLO
 
 pytestmark = pytest.mark.timeout(60)

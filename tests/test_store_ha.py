@@ -23,12 +23,12 @@ from mooncake_cli.config import TransferConfig, load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store import ReplicateConfig, Segment, StoreError, StoreMaster
-from mooncake_cli.store import protocol as p
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.config import StoreConfig
-from mooncake_cli.store.election import HaMaster
-from mooncake_cli.store.leader import NOT_LEADER, HaAddress, LeaderInfo, LeaderResolver
+from mooncake_cli.store.ha.election import HaMaster
+from mooncake_cli.store.ha.leader import NOT_LEADER, HaAddress, LeaderInfo, LeaderResolver
 from mooncake_cli.store.service import MasterService
+from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.transfer.engine import TransferEngine
 from tests.conftest import REPO, child_env, wait_for
 from tests.helpers.store_procs import Proc, start_ha_master, start_node

@@ -15,13 +15,13 @@ import pytest
 import zmq
 
 from mooncake_cli.store import Segment, StoreMaster
-from mooncake_cli.store import protocol as p
 from mooncake_cli.store.errors import ErrorCode
 from mooncake_cli.store.ha.acks import MAX_POLL_WAIT
-from mooncake_cli.store.leader import NOT_LEADER
+from mooncake_cli.store.ha.leader import NOT_LEADER
 from mooncake_cli.store.records import Replica
 from mooncake_cli.store.reports import HoldingsReport
 from mooncake_cli.store.service import MasterService
+from mooncake_cli.store.wire import protocol as p
 from tests.conftest import REPO, child_env, free_port
 
 pytestmark = pytest.mark.timeout(60)

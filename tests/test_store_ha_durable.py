@@ -19,7 +19,7 @@ from mooncake_cli.registry import Registry
 from mooncake_cli.store import StoreError
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectHasLease, ObjectNotFound
-from mooncake_cli.store.leader import LeaderInfo, LeaderResolver
+from mooncake_cli.store.ha.leader import LeaderInfo, LeaderResolver
 from mooncake_cli.transfer.engine import TransferEngine
 from tests.conftest import wait_for
 from tests.helpers.store_procs import Proc, start_ha_master, start_node

@@ -11,11 +11,11 @@ import pytest
 import xxhash
 
 from mooncake_cli.store import Segment, StoreMaster, ledger
-from mooncake_cli.store import protocol as p
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.records import Replica, ReplicateConfig
 from mooncake_cli.store.reports import HoldingsReport
+from mooncake_cli.store.wire import protocol as p
 from tests.test_store_ha_acks import Peer
 
 pytestmark = pytest.mark.timeout(60)

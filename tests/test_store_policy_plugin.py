@@ -15,10 +15,11 @@ from typer.testing import CliRunner
 
 from mooncake_cli.app import app
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.store import ReplicateConfig, Segment, StoreMaster, protocol
+from mooncake_cli.store import ReplicateConfig, Segment, StoreMaster
 from mooncake_cli.store.eviction import make_policy, policy_names
 from mooncake_cli.store.metrics import render
 from mooncake_cli.store.records import StoreStats
+from mooncake_cli.store.wire import protocol
 from tests.helpers.prom import value
 from tests.helpers.store_procs import Proc
 

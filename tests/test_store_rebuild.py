@@ -18,9 +18,9 @@ import xxhash
 
 from mooncake_cli.store import ReplicateConfig, Segment, StoreError, StoreMaster
 from mooncake_cli.store.client import StoreClient
+from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.errors import ObjectNotFound
-from mooncake_cli.store.holdings import Holdings
-from mooncake_cli.store.leader import LeaderInfo, LeaderResolver
+from mooncake_cli.store.ha.leader import LeaderInfo, LeaderResolver
 from mooncake_cli.store.records import Replica, ReplicaStatus
 from mooncake_cli.store.reports import MAX_REPORT, Held, HoldingsReport
 from tests.conftest import REPO, child_env, free_port, wait_for

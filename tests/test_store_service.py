@@ -14,8 +14,8 @@ import pytest
 import zmq
 
 from mooncake_cli.store import ErrorCode, StoreError
-from mooncake_cli.store import protocol as p
 from mooncake_cli.store.client import StoreClient
+from mooncake_cli.store.wire import protocol as p
 from tests.conftest import free_port
 from tests.helpers.store_procs import Proc, start_master
 

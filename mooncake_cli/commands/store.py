@@ -19,9 +19,9 @@ from mooncake_cli.output import Out, table
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.config import StoreConfig
-from mooncake_cli.store.election import HaMaster
 from mooncake_cli.store.errors import ObjectNotFound
-from mooncake_cli.store.leader import LeaderInfo
+from mooncake_cli.store.ha.election import HaMaster
+from mooncake_cli.store.ha.leader import LeaderInfo
 from mooncake_cli.store.records import ReplicateConfig, StoreStats
 from mooncake_cli.store.service import MasterService, master_from, truth
 from mooncake_cli.transfer.engine import TransferEngine

@@ -21,7 +21,7 @@ from mooncake_cli.config import TransferConfig, parse_size
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.errors import ErrorCode, StoreError
-from mooncake_cli.store.leader import LeaderResolver, is_ha
+from mooncake_cli.store.ha.leader import LeaderResolver, is_ha
 from mooncake_cli.transfer.engine import TransferEngine
 
 log = logging.getLogger("mooncake.compat")

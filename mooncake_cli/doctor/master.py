@@ -12,11 +12,11 @@ import zmq
 from mooncake_cli.config import human_size
 from mooncake_cli.doctor.check import Check, DoctorConfig, Status
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.store import protocol
 from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.records import StoreStats
-from mooncake_cli.store.rpc import MasterConnection
+from mooncake_cli.store.wire import protocol
+from mooncake_cli.store.wire.rpc import MasterConnection
 
 G = "master"
 HIGH_WATERMARK = StoreConfig.high_watermark
@@ -37,7 +37,7 @@ def leader_check(address: str, secret: str, timeout: float) -> tuple[Check, bool
     """Who leads, asked of the master (a standby answers too); (check, this one serves)."""
     who = getattr(protocol, "WhoLeads", None)
     try:
-        from mooncake_cli.store.leader import LeaderInfo
+        from mooncake_cli.store.ha.leader import LeaderInfo
     except ImportError:
         who = None
     if who is None:
@@ -64,7 +64,7 @@ def resolve(address: str, timeout: float) -> str:
     if not address.startswith("etcd://"):
         return address
     try:
-        from mooncake_cli.store.leader import LeaderResolver
+        from mooncake_cli.store.ha.leader import LeaderResolver
     except ImportError as e:
         raise ConfigError(f"this build has no HA store support for {address}") from e
 
