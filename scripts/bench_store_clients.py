@@ -24,11 +24,13 @@ import time
 CLIENT = r"""
 import json, os, sys, time
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.heap import tune_heap
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client.store_client import StoreClient
 from mooncake_cli.store.records import ReplicateConfig
 from mooncake_cli.transfer.engine import TransferEngine
 addr, name, start, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+tune_heap()
 eng = TransferEngine(TransferConfig(), Registry.from_env())
 c = StoreClient(addr, eng, 1 << 30)  # no eviction within a turn
 vals = [os.urandom(4096) for _ in range(16)]

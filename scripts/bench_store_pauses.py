@@ -19,6 +19,7 @@ import sys
 import time
 
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.heap import tune_heap
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine
@@ -57,6 +58,7 @@ def run(keys: int, batch: int, size: int) -> dict[str, float | int]:
 
 
 def main() -> int:
+    tune_heap()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=int, default=300_000, help="keys to put (default 300000)")
     ap.add_argument("--batch", type=int, default=64, help="keys per batch put (default 64)")

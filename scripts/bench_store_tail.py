@@ -21,6 +21,7 @@ import sys
 import time
 
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.heap import tune_heap
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine
@@ -60,6 +61,7 @@ def run(op: str, calls: int, batch: int, size: int) -> dict[str, float]:
 
 
 def main() -> int:
+    tune_heap()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--op", choices=("put", "get"), default="put")
     ap.add_argument("--calls", type=int, default=4000)

@@ -43,12 +43,14 @@ for i in range(int(sys.argv[1])):
 CLIENT = f"""
 import json, subprocess, sys
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.heap import tune_heap
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client.store_client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine
 p = subprocess.Popen([sys.executable, "-m", "mooncake_cli.store.service", "--port", "0"],
                      stdout=subprocess.PIPE, text=True)
 addr = json.loads(p.stdout.readline())["address"]
+tune_heap()
 eng = TransferEngine(TransferConfig(), Registry.from_env())
 c = StoreClient(addr, eng, 256 << 20)
 vals = [bytes([i]) * 4096 for i in range({KEYS})]

@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mooncake_cli.config import TransferConfig  # noqa: E402
+from mooncake_cli.heap import tune_heap  # noqa: E402
 from mooncake_cli.registry import Registry  # noqa: E402
 from mooncake_cli.store.client import StoreClient  # noqa: E402
 from mooncake_cli.transfer.engine import TransferEngine  # noqa: E402
@@ -56,6 +57,7 @@ def run(address: str, batches: int, tag: str) -> dict[str, float]:
 
 
 def main() -> None:
+    tune_heap()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, default=1000)
     a = ap.parse_args()

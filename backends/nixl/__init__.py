@@ -77,6 +77,8 @@ class NixlTransport:
             raise PluginError(why)
         assert self._module is not None
         try:
-            return NixlEndpoint(ucx.load_api(self._module), engine)
+            api = ucx.load_api(self._module)
+            ucx.quiet_ib(self._module)  # before the agent starts UCX
+            return NixlEndpoint(api, engine)
         except Exception as e:
             raise PluginError(f"nixl agent could not start: {type(e).__name__}: {e}") from e

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import threading
 import time
 import uuid
@@ -18,7 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from mooncake_backends.nixl import ucx
 
 from mooncake_cli.interfaces import EngineSide, SegmentDescriptor, TransferError
 
@@ -53,20 +51,11 @@ def cuda_desc(region: Any) -> tuple[str, int, int]:
 Done = Callable[[str | None], None]
 
 
-def quiet_ib() -> None:
-    """Where no RDMA device exists, keep UCX from loading its InfiniBand modules: they bring
-    the bundled libnl-route, whose destructor crashes the process at exit (nixl-cu12 1.5.1)
-    once the unused modules were unloaded. An explicit UCX_MODULES is left alone."""
-    if "UCX_MODULES" not in os.environ and not ucx.fast_paths()[0]:
-        os.environ["UCX_MODULES"] = "^ib"
-
-
 class NixlEndpoint:
     private_fields = True  # the agent's metadata is for peers that proved the secret
 
     def __init__(self, api: Any, engine: EngineSide) -> None:
         self.api, self.engine = api, engine
-        quiet_ib()
         self.agent_name = f"mooncake-{uuid.uuid4().hex[:12]}"
         sync = api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT  # several threads use it
         cfg = api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"], sync_mode=sync)

@@ -2,11 +2,13 @@
 transports and devices UCX itself reports (`ucp_context_print_info`, read in a child process so
 a crash in a native library cannot take the caller down).
 
-Shared by the `nixl` transport (its `available()` and its priority) and `mooncake doctor`.
+Shared by the `nixl` transport (its `available()`, its priority, `quiet_ib` before an agent
+starts) and `mooncake doctor`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import importlib
 import importlib.util
@@ -145,3 +147,21 @@ def fast_paths() -> tuple[list[str], list[str]]:
         rdma = []
     cuda = sorted(os.path.basename(p) for p in glob.glob("/dev/nvidia[0-9]*"))
     return rdma, cuda
+
+
+def quiet_ib(name: str) -> bool:
+    """Where no RDMA device exists, keep the bundled UCX from loading its InfiniBand modules:
+    they bring the bundled libnl-route, whose destructor crashes the process at exit
+    (nixl-cu12 1.5.1). Set as UCX's own MODULES option in the libucs that the NIXL agent is
+    about to start, not as UCX_MODULES in the environment, which is the host's (this runs inside
+    vLLM through the plugins); an explicit UCX_MODULES is UCX's to read and is left alone.
+    Whether the option was set."""
+    libs = libs_dir(name)
+    if "UCX_MODULES" in os.environ or fast_paths()[0] or libs is None:
+        return False
+    found = glob.glob(os.path.join(libs, "libucs-*.so*"))
+    try:  # the same file the agent's UCX plugin links, so the same loaded library
+        ucs = ctypes.CDLL(found[0]) if found else None
+        return ucs is not None and ucs.ucs_global_opts_set_value(b"MODULES", b"^ib") == 0
+    except (OSError, AttributeError):
+        return False

@@ -15,6 +15,7 @@ from mooncake_cli.commands import bench_chaos_serving as serve
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
+from mooncake_cli.heap import tune_heap
 from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
 
@@ -86,6 +87,7 @@ def chaos(
                sizes=sizes, duration=duration, segment_size=segment_size, seed=seed)
     base = c.transfer_config(out)
     registry = Registry.from_env()
+    tune_heap()  # its store clients read values in this process
     bench_plot.check(plot)
     if out.json:
         report = run(cfg, base, registry)

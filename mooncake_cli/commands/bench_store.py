@@ -14,6 +14,7 @@ from mooncake_cli.bench.store import BenchStoreConfig, Report, run
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
+from mooncake_cli.heap import tune_heap
 from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
 
@@ -102,6 +103,7 @@ def store(
                tensor_sizes=tensor_sizes, rounds=rounds)
     base = c.transfer_config(out)
     registry = Registry.from_env()
+    tune_heap()  # its store clients read values in this process
     bench_plot.check(plot)
     if out.json:
         reports = run(cfg, base, registry, out.config_file)

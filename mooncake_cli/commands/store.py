@@ -14,6 +14,7 @@ from mooncake_cli.auth import require_secret, resolve_secret
 from mooncake_cli.commands import common as c
 from mooncake_cli.commands.store_node import serve_ready
 from mooncake_cli.config import human_size, load
+from mooncake_cli.heap import tune_heap
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, table
 from mooncake_cli.registry import Registry
@@ -198,6 +199,7 @@ def serve(
         raise ConfigError("--segment-size must be positive for a node")
     tcfg = c.transfer_config(out, host=host, port=port, advertise=advertise, name=name,
                              metadata=metadata, transport=transport, secret=secret)
+    tune_heap()
     with c.stop_signals() as stop, TransferEngine(tcfg, Registry.from_env()) as engine, \
             StoreClient(scfg.master, engine, scfg.segment_size, secret=scfg.secret or None,
                         timeout=scfg.timeout, heartbeat=scfg.heartbeat,
@@ -214,6 +216,7 @@ def _client(out: Out, master: str | None, secret: str | None,
     """A short-lived client that contributes no memory."""
     cfg = store_config(out, master=master, secret=secret, timeout=timeout)
     tcfg = c.transfer_config(out, secret=secret)
+    tune_heap()
     with TransferEngine(tcfg, Registry.from_env()) as engine, \
             StoreClient(cfg.master, engine, 0, secret=cfg.secret or None,
                         timeout=cfg.timeout, heartbeat=cfg.heartbeat) as client:

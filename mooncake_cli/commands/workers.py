@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import help_of, load
+from mooncake_cli.heap import tune_heap
 from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
 from mooncake_cli.worker.config import WorkerConfig
@@ -54,6 +55,7 @@ def _serve(out: Out, role: str, secret: str | None, secret_file: str | None,
     from mooncake_cli.worker.prefill import PrefillWorker
 
     kind: type[WorkerRuntime] = PrefillWorker if role == "prefill" else DecodeWorker
+    tune_heap()  # the worker's store client reads values
     with c.stop_signals() as stop:
         worker = kind(cfg, tcfg, Registry.from_env())
         try:

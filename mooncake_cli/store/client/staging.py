@@ -1,14 +1,12 @@
 """The staging region a store client moves remote replicas through: registered with the engine
 once and reused (grown on demand up to MAX_STAGE), so no op registers memory of its own.
 
-Also `keep_freed_memory`: the values a get returns are fresh multi-MiB `bytes`, and glibc hands
-each freed one back to the kernel, so the next lands in fresh pages and page-faults its way
-through the copy (1.5 GB/s instead of memcpy speed here); this lets freed blocks be reused.
+glibc's heap settings that make the values a get returns cheap are the process owner's choice
+(mooncake_cli.heap.tune_heap, called by the roles): this runs inside hosts too.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,18 +16,6 @@ from mooncake_cli.transfer.segment import Region
 
 MIN_STAGE = 16 << 20
 MAX_STAGE = 256 << 20  # bytes of the staging region at most
-KEEP_FREED = 512 << 20  # free heap bytes glibc may keep (see keep_freed_memory)
-
-
-def keep_freed_memory() -> None:
-    """Let glibc serve blocks under 64 MiB from the heap and keep up to KEEP_FREED bytes of it
-    free for reuse. Idempotent; a no-op off glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, KEEP_FREED)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 class Staging:
@@ -39,7 +25,6 @@ class Staging:
         self.engine = engine
         self._region: Region | None = None
         self._lock = threading.Lock()
-        keep_freed_memory()
 
     @contextmanager
     def hold(self, need: int) -> Iterator[Region | None]:
