@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import shutil
 import signal
 import socket
@@ -21,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.procs import read_until
+
 REPO = Path(__file__).resolve().parent.parent
-READY_TIMEOUT = 30.0  # seconds a child gets to print its ready line (2 slow cores, cold caches)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -200,17 +200,7 @@ def start_target(buffer_size: int, metadata: str | None = None, secret: str | No
     errlog = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, cwd=REPO,
                             env=child_env(**(env or {})))
-    assert proc.stdout is not None
-    line = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not line.endswith(b"\n") and time.monotonic() < deadline:
-            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                line += chunk
+    line = read_until(proc)
     try:
         ready = json.loads(line)
         assert ready["event"] == "ready"

@@ -23,6 +23,7 @@ from mooncake_cli.store.errors import (
 )
 from mooncake_cli.store.wire import protocol as p
 from tests.conftest import free_port, wait_for
+from tests.helpers.clock import FakeClock
 from tests.helpers.store_procs import Proc, start_master
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,17 +31,9 @@ MiB = 1 << 20
 
 
 # -- the master alone --------------------------------------------------------------------------
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1000.0)
 
 
 @pytest.fixture

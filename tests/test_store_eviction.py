@@ -7,23 +7,13 @@ import pytest
 
 from mooncake_cli.store import Replica, ReplicateConfig, Segment, StoreMaster
 from mooncake_cli.store.errors import NoAvailableHandle
+from tests.helpers.clock import FakeClock
 
 KiB, MiB = 1 << 10, 1 << 20
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 50.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
-
-
 def make(clock: FakeClock, size: int = 100 * KiB, n: int = 1, **kw: float) -> StoreMaster:
-    m = StoreMaster(now=clock, lease_ttl=5.0, **kw)  # type: ignore[arg-type]
+    m = StoreMaster(now=clock, lease_ttl=5.0, **kw)
     for i in range(n):
         m.mount_segment(Segment(f"s{i}", f"c{i}", f"h{i}", 0, size))
     return m
@@ -35,7 +25,7 @@ def put(m: StoreMaster, key: str, size: int, **cfg: object) -> None:
 
 
 def test_least_recently_used_goes_first() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock)
     for i in range(10):  # 80 KiB of 100: under the watermark
         put(m, f"k{i}", 8 * KiB)
@@ -48,7 +38,7 @@ def test_least_recently_used_goes_first() -> None:
 
 
 def test_fill_to_twice_capacity_respects_watermark_leases_and_pins() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock, size=1 * MiB, n=3)
     cap = m.stats().tiers["dram"].capacity
     lease_until: dict[str, float] = {}
@@ -85,7 +75,7 @@ def test_fill_to_twice_capacity_respects_watermark_leases_and_pins() -> None:
 
 
 def test_soft_pinned_are_evicted_last() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock, high_watermark=1.0)
     put(m, "soft-old", 8 * KiB, soft_pin=True)
     for i in range(5):
@@ -95,7 +85,7 @@ def test_soft_pinned_are_evicted_last() -> None:
 
 
 def test_failed_allocation_evicts_then_retries_once() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock, high_watermark=1.0)  # never relieved early: only a failed put evicts
     for i in range(10):
         put(m, f"k{i}", 10 * KiB)
@@ -106,7 +96,7 @@ def test_failed_allocation_evicts_then_retries_once() -> None:
 
 
 def test_nothing_evictable_means_no_room() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock, high_watermark=1.0)
     for i in range(5):
         put(m, f"leased{i}", 10 * KiB)
@@ -123,7 +113,7 @@ def test_nothing_evictable_means_no_room() -> None:
 
 
 def test_eviction_drops_only_dram_replicas() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock, high_watermark=1.0)
     m.mount_segment(Segment("disk", "c9", "h9", 0, MiB, tier="ssd"))
     m.register_existing("both", [Replica("s0", 0, 8 * KiB), Replica("disk", 0, 8 * KiB, "ssd")])
@@ -137,7 +127,7 @@ def test_eviction_drops_only_dram_replicas() -> None:
 
 
 def test_ssd_tier_puts_never_evict() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock)
     m.mount_segment(Segment("disk", "c9", "h9", 0, 64 * KiB, tier="ssd"))
     reps = m.put_start("cold", 60 * KiB, tier="ssd")
@@ -149,7 +139,7 @@ def test_ssd_tier_puts_never_evict() -> None:
 
 
 def test_tick_relieves_once_leases_expire() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock)
     for i in range(12):  # 96 KiB of 100: every object leased, so put_start cannot relieve
         put(m, f"k{i}", 8 * KiB)
@@ -164,7 +154,7 @@ def test_tick_relieves_once_leases_expire() -> None:
 
 
 def test_a_soft_pin_lasts_its_ttl_after_the_last_use() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m = make(clock, soft_pin_ttl=100.0)
     put(m, "short", 8 * KiB, soft_pin=True, soft_pin_ttl=10.0)  # oldest
     put(m, "default", 8 * KiB, soft_pin=True)  # the master's 100 s
@@ -182,13 +172,13 @@ def test_a_soft_pin_lasts_its_ttl_after_the_last_use() -> None:
     assert m.evict() == ["default"]
 
 
-def _walk_counted(clock: FakeClock):  # type: ignore[no-untyped-def]
+def _walk_counted(clock: FakeClock):
     """A 4 MiB master; and how many keys its policy has yielded so far."""
     m = make(clock, size=4 * MiB)
     walked = 0
     victims = m.state.policy.victims
 
-    def counted():  # type: ignore[no-untyped-def]
+    def counted():
         nonlocal walked
         for key in victims():
             walked += 1
@@ -201,7 +191,7 @@ def test_eviction_without_ssd_walks_the_policy_order_once() -> None:
     """With no SSD mount there is nowhere to offload to: evicting k objects must not look for
     SSD room among all n objects once per victim (that made every eviction O(n x k): 0.4 s
     pauses of a 16 MiB segment of 4 KiB blocks)."""
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m, walks = _walk_counted(clock)
     n = 0
     while m.stats().evictions == 0:  # fill to the watermark: the put over it evicts
@@ -218,7 +208,7 @@ def test_a_fruitless_eviction_is_not_retried_by_every_put_at_once() -> None:
     evict. The next puts must not each walk every object again (that made each put of a full
     segment 6-12 ms); a while later, or on request, the master looks again."""
     from mooncake_cli.store.master.eviction import DRY_RETRY
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     m, walks = _walk_counted(clock)
     n = 0
 

@@ -30,24 +30,14 @@ from mooncake_cli.store.errors import (
     ObjectNotFound,
     ReplicaNotReady,
 )
+from tests.helpers.clock import FakeClock
 
 MiB = 1 << 20
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1000.0)
 
 
 @pytest.fixture
@@ -224,7 +214,7 @@ def test_batch_forms_give_one_result_per_key(master: StoreMaster) -> None:
     with pytest.raises(InvalidParams):
         master.batch_put_start(["a"], [1, 2])
     with pytest.raises(InvalidParams):
-        master.batch_exists("abc")  # type: ignore[arg-type]
+        master.batch_exists("abc")  # a str is not a list of keys
     assert master.list() == []
 
 

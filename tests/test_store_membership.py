@@ -18,19 +18,9 @@ from mooncake_cli.store.errors import (
     SegmentAlreadyExists,
     SegmentNotFound,
 )
+from tests.helpers.clock import FakeClock
 
 KiB, MiB = 1 << 10, 1 << 20
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
 
 
 def seg(name: str, client: str = "", host: str = "h", base: int = 0, size: int = MiB,

@@ -6,19 +6,13 @@ from __future__ import annotations
 
 from mooncake_cli.store import Replica, ReplicateConfig, Segment, StoreMaster
 from mooncake_cli.store.moves import MoveOrders, MoveResult
+from tests.helpers.clock import FakeClock
 
 KiB, MiB = 1 << 10, 1 << 20
 
 
-class Clock:
-    t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def small_master() -> StoreMaster:
-    m = StoreMaster(now=Clock(), high_watermark=0.5, eviction_ratio=0.01)
+    m = StoreMaster(now=FakeClock(100.0), high_watermark=0.5, eviction_ratio=0.01)
     m.mount_segment(Segment("n0", "c0", "h", 0, 100 * KiB))
     m.mount_segment(Segment("n0", "c0", "h", 1 * MiB, 100 * KiB, tier="ssd"))
     return m
@@ -83,7 +77,7 @@ def test_a_client_gone_takes_its_moves_with_it() -> None:
 def test_an_unanswered_move_is_handed_out_again_and_forgets_wait_for_their_ack() -> None:
     m = small_master()
     clock = m.now
-    assert isinstance(clock, Clock)
+    assert isinstance(clock, FakeClock)
     for k in ("a", "b", "c"):
         m.put_start(k, 20 * KiB)
         m.put_end(k, "sum-" + k)
@@ -113,7 +107,7 @@ def test_move_ids_differ_between_master_terms() -> None:
 
 
 def test_a_promotion_makes_room_on_its_own_client_only() -> None:
-    m = StoreMaster(now=Clock(), high_watermark=1.0, eviction_ratio=0.01)
+    m = StoreMaster(now=FakeClock(100.0), high_watermark=1.0, eviction_ratio=0.01)
     m.mount_segment(Segment("n0", "c0", "h", 0, 40 * KiB))
     m.mount_segment(Segment("n0", "c0", "h", 1 * MiB, 100 * KiB, tier="ssd"))
     m.mount_segment(Segment("n1", "c1", "h", 0, 40 * KiB))

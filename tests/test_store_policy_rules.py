@@ -4,26 +4,21 @@ the policy tracks exactly the master's objects as they come and go."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mooncake_cli.store import ReplicateConfig, Segment, StoreMaster
 from mooncake_cli.store.errors import NoAvailableHandle
 from mooncake_cli.store.eviction import BUILTIN
 from mooncake_cli.store.moves import MoveResult
+from tests.helpers.clock import FakeClock
 
 KiB = 1 << 10
 POLICIES = sorted(BUILTIN)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 10.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def master(policy: str, clock: Clock, ssd: bool = False) -> StoreMaster:
+def master(policy: str, clock: FakeClock, ssd: bool = False) -> StoreMaster:
     m = StoreMaster(now=clock, lease_ttl=5.0, eviction=policy, high_watermark=1.0,
                     eviction_ratio=0.01)
     m.mount_segment(Segment("n0", "c0", "h", 0, 64 * KiB))
@@ -32,7 +27,7 @@ def master(policy: str, clock: Clock, ssd: bool = False) -> StoreMaster:
     return m
 
 
-def put(m: StoreMaster, key: str, **cfg: bool) -> None:
+def put(m: StoreMaster, key: str, **cfg: Any) -> None:
     m.put_start(key, 4 * KiB, ReplicateConfig(**cfg))
     m.put_end(key, "sum-" + key)
 
@@ -43,7 +38,7 @@ def tracked(m: StoreMaster) -> set[str]:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_pins_leases_and_unfinished_puts_under_every_policy(policy: str) -> None:
-    clock = Clock()
+    clock = FakeClock(10.0)
     m = master(policy, clock)
     put(m, "hard", hard_pin=True)
     put(m, "soft", soft_pin=True)
@@ -70,7 +65,7 @@ def test_pins_leases_and_unfinished_puts_under_every_policy(policy: str) -> None
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_eviction_to_ssd_works_the_same_under_every_policy(policy: str) -> None:
-    clock = Clock()
+    clock = FakeClock(10.0)
     m = master(policy, clock, ssd=True)
     for i in range(16):  # DRAM full
         put(m, f"k{i}")
@@ -103,7 +98,7 @@ def test_eviction_to_ssd_works_the_same_under_every_policy(policy: str) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_the_policy_tracks_exactly_the_objects(policy: str) -> None:
-    clock = Clock()
+    clock = FakeClock(10.0)
     m = master(policy, clock)
     for i in range(40):  # more than fits: evictions along the way
         clock.t += 1

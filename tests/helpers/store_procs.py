@@ -5,40 +5,22 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.procs import read_line  # the Proc's reader; re-exported for the role helpers
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-READY_TIMEOUT = 30.0
 
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def read_line(proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> dict[str, Any]:
-    """The next JSON line the child prints (AssertionError after `timeout` seconds)."""
-    assert proc.stdout is not None
-    line = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        while not line.endswith(b"\n") and time.monotonic() < deadline:
-            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                chunk = proc.stdout.read1(1)  # type: ignore[attr-defined]
-                if not chunk:
-                    break
-                line += chunk
-    assert line.endswith(b"\n"), f"no line from pid {proc.pid} in {timeout} s: {line!r}"
-    return dict(json.loads(line))
 
 
 class Proc:

@@ -1,0 +1,43 @@
+"""Reading a child process's ready output, the one way the tests do it: from the pipe, one byte
+at a time (nothing is read past what was asked for, so later reads see the rest), under a
+deadline, so a child that never gets ready fails the test instead of hanging it."""
+
+from __future__ import annotations
+
+import json
+import selectors
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+READY_TIMEOUT = 30.0  # seconds a child gets to print its ready line (2 slow cores, cold caches)
+
+
+def line_done(out: bytes) -> bool:
+    return out.endswith(b"\n")
+
+
+def read_until(proc: subprocess.Popen[bytes], done: Callable[[bytes], bool] = line_done,
+               timeout: float = READY_TIMEOUT) -> bytes:
+    """What `proc` prints on stdout until `done(output)`, its stdout closes or `timeout`
+    seconds pass; the caller checks `done` again to tell which."""
+    assert proc.stdout is not None
+    out = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while not done(out) and time.monotonic() < deadline:
+            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                chunk = proc.stdout.read1(1)  # type: ignore[attr-defined]
+                if not chunk:
+                    break
+                out += chunk
+    return out
+
+
+def read_line(proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> dict[str, Any]:
+    """The next JSON line the child prints (AssertionError after `timeout` seconds)."""
+    line = read_until(proc, line_done, timeout)
+    assert line.endswith(b"\n"), f"no line from pid {proc.pid} in {timeout} s: {line!r}"
+    return dict(json.loads(line))
