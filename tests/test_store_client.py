@@ -187,14 +187,12 @@ def test_killed_client(client: Callable[..., StoreClient], nodes: Callable[..., 
     both, only = os.urandom(300_000), os.urandom(200_000)
     a.put("both", both, ReplicateConfig(replica_num=2))
     a.put("only", only, ReplicateConfig(preferred_segment=seg))
-    node.kill()
+    node.kill()  # its shared memory is unlinked too: nothing of it can be read any more
     for _ in range(3):  # before the TTL: a surviving replica, or a clean error
         t = time.monotonic()
         assert b.get("both") == both
-        try:
-            assert b.get("only") == only  # the dead process's shm may still be readable
-        except StoreError:
-            pass
+        with pytest.raises(TransferFailed, match="cannot connect"):  # its one replica is gone
+            b.get("only")
         assert time.monotonic() - t < 8
     wait_for(lambda: not a.exists("only"), 10, 0.2, "the dead client's objects to go")
     with pytest.raises(ObjectNotFound):
@@ -260,8 +258,10 @@ def test_a_client_with_no_segment_beats_at_its_interval(client: Callable[..., St
         return beat(wait)
 
     monkeypatch.setattr(reader.keeper, "beat", counted)
-    time.sleep(1.0)
-    assert 2 <= len(beats) <= 8, f"{len(beats)} heartbeats in 1 s at a 0.2 s interval"
+    wait_for(lambda: len(beats) >= 4, 10, what="four heartbeats")
+    got = beats[:4]
+    gaps = [b - a for a, b in zip(got, got[1:], strict=False)]
+    assert min(gaps) >= 0.1, f"heartbeats {gaps} s apart at a 0.2 s interval"  # not spinning
     writer = client()
     writer.put("k", b"v" * 100)
     assert reader.get("k") == b"v" * 100
@@ -284,7 +284,7 @@ def test_scattered_reads_land_in_registered_parts_without_staging(
         a.put("mine", data[0], ReplicateConfig(preferred_segment=a.engine.name))
         dest = np.zeros(1 << 20, np.uint8)
         b.engine.register(dest)
-        view = memoryview(dest)
+        view = dest.data  # memoryview(dest), as numpy types it
         parts = [[view[i * 300_000 + j * 70_000:][:65536] for j in range(3)] for i in range(3)]
         for i in range(3):
             parts[i].append(view[i * 300_000 + 250_000:][:i])  # the remainder (0..2 bytes)

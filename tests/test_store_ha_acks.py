@@ -22,7 +22,7 @@ from mooncake_cli.store.records import Replica
 from mooncake_cli.store.reports import HoldingsReport
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.store.wire import protocol as p
-from tests.conftest import REPO, child_env, free_port
+from tests.conftest import REPO, child_env, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,7 +93,9 @@ def test_a_checksum_at_put_start_tells_the_owner_before_the_put_ends(durable: An
     report = p.result(news, HoldingsReport)
     assert [(h.key, h.replica.checksum) for h in report.added] == [("k", "c0ffee")]
     owner.send(p.PollHoldings("own", report.epoch, report.upto, wait=5))
-    time.sleep(0.5)  # for the poll (its ack) to reach the master first, on a loaded machine too
+    book = service.master.state.reports
+    wait_for(lambda: (j := book.journal("own")) is not None and j.acked >= report.upto, 5,
+             what="the master to take in the owner's acknowledgement")  # before the put ends
     # confirmed already; were the end news to the owner, it would wait for an ack that the
     # owner (not polling again) never sends, and fail after the durable timeout
     assert writer.ask(p.PutEnd("k", "c0ffee")).ok

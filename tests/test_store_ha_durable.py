@@ -144,7 +144,9 @@ def test_leader_killed_right_after_a_remove(cluster: Cluster, client: StoreClien
     want = values(40, 3)
     for key, value in want.items():
         client.put(key, value)
-    time.sleep(1.5)  # the puts are settled either way; the removes are what is tested
+    # the puts settled (their owners were told of them): the removes are what is tested
+    wait_for(lambda: set(want) <= {k for n in cluster.nodes for k in n.ask(cmd="held")["keys"]},
+             10, what="the nodes to hold every put")
     removed = list(want)[:20]
     for key in removed:
         client.remove(key, force=True)
