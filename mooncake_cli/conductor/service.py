@@ -19,6 +19,10 @@ from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
 from mooncake_cli.conductor.http_front import AUDITED, OPENAI, routes
 from mooncake_cli.conductor.identities import Identities
+from mooncake_cli.conductor.indexer import Indexer
+from mooncake_cli.conductor.indexer_api import AUDITED as INDEXER_AUDITED
+from mooncake_cli.conductor.indexer_api import READ as INDEXER_READ
+from mooncake_cli.conductor.indexer_api import indexer_routes
 from mooncake_cli.conductor.instances import Instances, Poller
 from mooncake_cli.conductor.live import Conductor
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
@@ -88,9 +92,11 @@ class ConductorService:
         self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval, auth)
         limits = Limits(max_connections=cfg.max_connections, idle_timeout=cfg.idle_timeout)
         self.audit = AuditLog.open(cfg.audit_log, "conductor")
-        self.app = edge_app(routes(self.conductor, Identities(instances)), limits,
-                            guard=Gate(secret, cfg.api_key, OPENAI), audit=self.audit,
-                            audited=AUDITED)
+        self.indexer = Indexer()  # the KV indexer API's event streams (docs/indexer.md)
+        self.app = edge_app(routes(self.conductor, Identities(instances))
+                            + indexer_routes(self.indexer), limits,
+                            guard=Gate(secret, cfg.api_key, OPENAI + INDEXER_READ),
+                            audit=self.audit, audited={**AUDITED, **INDEXER_AUDITED})
         self._http = Server(self.app, cfg.host, cfg.port, "conductor",
                             background=[self.poller.run])
         self.url = f"http://{self._http.host}:{self._http.port}"
@@ -122,5 +128,6 @@ class ConductorService:
         if self.etcd is not None:
             self.etcd.close()
         self.conductor.close()
+        self.indexer.close()
         if self.audit is not None:
             self.audit.close()
