@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.helpers.store_procs import start_master
 
 os.environ.setdefault("GLOG_minloglevel", "2")
@@ -161,9 +161,8 @@ def test_a_soft_pin_outlives_plain_objects_until_its_ttl(side: Side,
             assert rc == -200 and time.monotonic() < deadline, rc
             time.sleep(0.05)
         time.sleep(0.01)
-    time.sleep(0.5)
+    wait_for(lambda: s.is_exist("short") == 0, 10, what='"short" (its pin run out) evicted')
     assert s.is_exist("pinned") == 1 and s.get("pinned") == value
-    assert s.is_exist("short") == 0
 
 
 def test_tensors_of_every_dtype_round_trip(make: Callable[..., Any]) -> None:

@@ -29,6 +29,8 @@ from mooncake_cli import jsonhttp
 from mooncake_cli.auth import Signer
 from mooncake_cli.store.wire import protocol
 from mooncake_cli.store.wire.rpc import MasterConnection
+from tests.conftest import wait_for
+from tests.helpers.procs import jsonl
 from tests.helpers.store_procs import REPO, read_line
 
 pytestmark = pytest.mark.timeout(300)
@@ -311,8 +313,14 @@ def test_audit_log_follows_a_request_through_every_role(local) -> None:
     assert done.status == 200
     rid = done.body["id"]
     jsonhttp.call(local["decode"] + "/v1/kv/reserve", {"request_id": "evil", "num_tokens": 9})
-    time.sleep(0.3)
-    lines = [json.loads(line) for line in local["audit"].read_text().splitlines()]
+
+    def logged() -> bool:  # each role appends its line once its answer is sent, maybe after
+        got = jsonl(local["audit"])  # the caller has it
+        return len([x for x in got if x.get("request_id") == rid]) >= 4 and \
+            any(x["event"] == "refused" for x in got)
+
+    wait_for(logged, 10, what="every role's line and the refusal in the audit log")
+    lines = jsonl(local["audit"])
     # each role writes its line when its answer is sent, so two processes finishing together
     # may append in either order; when each began (ts - duration_s) is the causal order
     ours = sorted((x for x in lines if x.get("request_id") == rid),

@@ -20,6 +20,8 @@ from mooncake_cli.jsonhttp import call, events
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
+from tests.conftest import wait_for
+from tests.helpers.procs import jsonl
 from tests.helpers.tiny_models import write_model
 from tests.helpers.worker_procs import WorkerProc
 
@@ -158,22 +160,24 @@ def test_a_real_hand_off_still_works(workers: tuple[str, str]) -> None:
 
 def test_the_audit_log_has_the_refused_writes_and_the_transfers(
         workers: tuple[str, str], reader: TransferEngine) -> None:
-    import json
-
     r = reserve(workers[1], "audited")
     src = reader.register(bytearray(r["block_bytes"]))
     [st] = reader.submit([TransferRequest(Op.WRITE, src, 0, r["segment"], r["base"],
                                           r["block_bytes"])]).wait(10)
     assert st.state is State.FAILED
     release(workers[1], "audited")
-    time.sleep(0.5)
-    lines = [json.loads(x) for x in open(AUDIT[0])]
-    refused = [x for x in lines if x["event"] == "refused" and x.get("listener") == "transfer"]
-    assert any("guarded" in x["why"] and x["peer"] for x in refused), refused
-    assert any(x["event"] == "reserve" for x in lines)
+
+    def refused() -> list[dict[str, Any]]:
+        return [x for x in jsonl(AUDIT[0])
+                if x["event"] == "refused" and x.get("listener") == "transfer"]
+
+    wait_for(lambda: any("guarded" in x["why"] and x["peer"] for x in refused())
+             and any(x["event"] == "reserve" for x in jsonl(AUDIT[0])), 10,
+             what="the reservation and the refused write in the decode worker's audit log")
 
 
-def test_unused_reservations_are_bounded_per_requester_and_expire(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_unused_reservations_are_bounded_per_requester_and_expire(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Reserving every block and never writing: one requester holds at most half the pool in
     unused reservations, and those are freed after UNUSED_TTL (here 1 s, 30 s by default)."""
     from mooncake_cli.worker import kvgrant

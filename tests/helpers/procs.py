@@ -9,6 +9,7 @@ import selectors
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 READY_TIMEOUT = 30.0  # seconds a child gets to print its ready line (2 slow cores, cold caches)
@@ -41,3 +42,10 @@ def read_line(proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> 
     line = read_until(proc, line_done, timeout)
     assert line.endswith(b"\n"), f"no line from pid {proc.pid} in {timeout} s: {line!r}"
     return dict(json.loads(line))
+
+
+def jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The complete lines of a JSON-lines file that processes append to (an audit log): a
+    line still being written is left for the next look."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.endswith("\n")]
