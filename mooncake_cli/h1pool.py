@@ -238,7 +238,10 @@ class Pool:
                    f"{len(content)}\r\n").encode("latin-1") + head + b"\r\n" + content
         try:
             assert conn.transport is not None
-            conn.transport.write(request)
+            try:
+                conn.transport.write(request)
+            except RuntimeError as e:  # uvloop: the transport closed under us (peer gone)
+                raise PeerFailed(f"http://{host}:{port}: the connection closed: {e}") from e
             while not conn.got_headers:
                 if conn.error is not None:
                     raise conn.error
@@ -258,7 +261,8 @@ class Pool:
             idle = self._idle.get(key)
             while idle:
                 conn = idle.pop()
-                if conn.closed or loop.time() - (conn.idle_since or 0.0) > self.keepalive_s:
+                if conn.closed or conn.transport is None or conn.transport.is_closing() or \
+                        loop.time() - (conn.idle_since or 0.0) > self.keepalive_s:
                     conn.close()
                     self._drop(conn)
                     continue

@@ -279,6 +279,30 @@ def test_idle_connection_closed_by_the_server_is_dropped() -> None:
     run(main())
 
 
+def test_idle_connection_whose_transport_closed_unnoticed_is_not_used() -> None:
+    """uvloop closes a transport (the peer reset it) before the protocol hears of it: such an
+    idle connection is dropped, not written to (uvloop raises RuntimeError for that, which
+    broke a conductor's stream when a decode worker was killed)."""
+    import uvloop
+
+    async def main() -> None:
+        async with Raw(keep_answering) as srv:
+            pool = Pool()
+            assert await get(pool, srv.port) == (200, b"ok")
+            [idle] = pool._idle[(HOST, srv.port)]
+            assert idle.transport is not None
+            idle.transport.close()  # no await since: connection_lost has not run yet
+            assert await get(pool, srv.port) == (200, b"ok")
+            assert srv.accepted == 2
+            await pool.close()
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(main(), 10))
+    finally:
+        loop.close()
+
+
 # ---------------------------------------------------------------- 5: the per-host bound
 
 

@@ -3,14 +3,17 @@ server-sent chunks (`sse`), timing every token for the conductor's TTFT and TBT 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from mooncake_cli.api import openai_answers as out
-from mooncake_cli.api.errors import ServingError
+from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.openai import Completion
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
+
+log = logging.getLogger(__name__)
 
 
 async def timed(events: AsyncIterator[dict[str, Any]], start: float,
@@ -66,6 +69,11 @@ async def sse(req: Completion, rid: str, events: AsyncIterator[dict[str, Any]], 
                 yield out.chunk(req, rid, None, ev["finish_reason"])
     except ServingError as e:
         yield {"error": e.body()["error"]}
+    except Exception as e:  # a bug: the client still gets an error event, not a cut stream
+        log.exception("request %s: the answer's stream failed", rid)
+        metrics.add("errors_total")
+        yield {"error": ServingError(ErrorCode.INTERNAL, f"the conductor failed: "
+                                     f"{type(e).__name__}: {e}").body()["error"]}
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     if req.include_usage:
