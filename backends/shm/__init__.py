@@ -26,6 +26,7 @@ from mooncake_backends.shm.cma import Cma, CmaRefused, address
 from mooncake_backends.shm.lane import FdLane, Shared, fetch, guard_process
 
 from mooncake_cli.interfaces import EngineSide, RegionInfo, SegmentDescriptor, TransferError
+from mooncake_cli.native import stream_copy
 from mooncake_cli.transfer.client import TargetClient
 
 log = logging.getLogger("mooncake.transfer.shm")
@@ -182,7 +183,7 @@ class ShmChannel:
             if not self._kernel_copy(False, remote_offset, dst):
                 self._fallback().read(remote_offset, dst)
             return
-        dst[:] = mv[start:start + len(dst)]
+        stream_copy(dst, mv[start:start + len(dst)])  # without the GIL from 64 KiB
 
     def view(self, remote_offset: int, n: int) -> memoryview | None:
         """The peer's `n` bytes at `remote_offset` as mapped here (None: not shm-backed)."""
@@ -199,7 +200,7 @@ class ShmChannel:
             if not self._kernel_copy(True, remote_offset, src):
                 self._fallback().write(remote_offset, src, cap)
             return
-        mv[start:start + len(src)] = src
+        stream_copy(mv[start:start + len(src)], src)
 
     def close(self) -> None:
         for mv in self._maps.values():

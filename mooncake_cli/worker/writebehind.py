@@ -28,7 +28,8 @@ from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.prefix import PrefixStore
 
 log = logging.getLogger("mooncake.worker")
-DEPTH = 256  # blocks waiting for the store at most
+DEPTH = 256  # block batches (one per step) waiting for the store at most
+BATCH = 64  # blocks per batch put at most: the store's calls cost per batch, not per block
 
 
 @dataclass
@@ -89,8 +90,19 @@ class WriteBehind:
             self.metrics.add("write_behind_dropped_blocks", len(keys))
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            keys, data = item
+        stop = False
+        while not stop and (item := self._queue.get()) is not None:
+            keys, data = list(item[0]), list(item[1])
+            while len(keys) < BATCH:  # what queued meanwhile goes in the same batch put
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True  # after this batch
+                    break
+                keys += more[0]
+                data += more[1]
             stored = self.prefix.put_tensors(keys, data, self.config)
             self.metrics.add("write_behind_blocks", len(stored))
             self.metrics.add("kv_bytes_stored", len(stored) * self.ns.block_bytes)
