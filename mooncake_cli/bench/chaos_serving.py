@@ -7,13 +7,12 @@ One cluster of processes (`serving_procs`): a store master, the conductor, one p
 `decode` decode workers of `model`. In order, all in this one run:
 
 1. warm-up: every prompt once with max_tokens 1, so the store holds the prompts' blocks;
-2. clean: `streams` concurrent greedy streams (prompts sharing a long prefix), no kills, decode
-   workers without write-behind: the reference texts;
-3. write-behind off: another `streams` prompts the same way (decode tokens/s, tokens per CPU
-   second: `write_behind_cost`);
-4. the decode workers replaced by ones with write-behind, warm-up again; write-behind on: the
-   prompts of 3 again (on / off is the write-behind's cost);
-5. chaos: the prompts of 2 again; every `kill_every` seconds (once all `decode` workers are up)
+2. clean: `streams` concurrent greedy streams (prompts sharing a long prefix), no kills: the
+   reference texts;
+3. write-behind's cost (`write_behind_cost`): another `streams` prompts the same way, on these
+   decode workers (write-behind on), then twice on decode workers without it, then once more
+   on fresh ones with it (each change of workers followed by a warm-up);
+4. chaos: the prompts of 2 again; every `kill_every` seconds (once all `decode` workers are up)
    one decode worker running requests, chosen at random, gets SIGKILL and a fresh one is
    started in its place. Counted: streams whose text equals the clean run's, streams that
    failed, the conductor's migrations, the added latency of a moved stream (its largest gap
@@ -37,7 +36,7 @@ from typing import Any
 
 from mooncake_cli.bench.serving_procs import ServingCluster, ServingSpec
 from mooncake_cli.bench.serving_streams import Stream, prompts, run_streams, throughput
-from mooncake_cli.bench.write_behind_cost import compare, measure
+from mooncake_cli.bench.write_behind_cost import Run, compare, measure
 from mooncake_cli.interfaces import ConfigError
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -166,7 +165,8 @@ def _chaos_report(cluster: ServingCluster, clean: list[Stream], chaos: list[Stre
         "errors": sum(not s.ok for s in chaos),
         "differs": sum(s.ok and s.text != ref.text for ref, s in zip(clean, chaos,
                                                                        strict=True)),
-        "failures": _errors(chaos), "kills": kills, "migrations": int(migrations),
+        "failures": _errors(chaos), "conductor_errors": cluster.conductor_errors(),
+        "kills": kills, "migrations": int(migrations),
         "moved_streams": sum(s.rid in moved for s in chaos),
         "added_latency": _added_latency(clean, chaos, moved),
         "migration_placement": {  # where a moved answer waits before its new prefill runs
@@ -180,6 +180,15 @@ def _chaos_report(cluster: ServingCluster, clean: list[Stream], chaos: list[Stre
         **throughput(chaos)}
 
 
+def _restart(cluster: ServingCluster, write_behind: bool, texts: list[str],
+             progress: Progress) -> None:
+    what = "write-behind workers" if write_behind else "workers without write-behind"
+    progress(what, 0, 1)
+    cluster.start_decodes(write_behind)
+    progress(what, 1, 1)
+    _warm(cluster, texts, "warm-up again", progress)
+
+
 def run(cfg: ServingChaosConfig, progress: Progress) -> dict[str, Any]:
     """The whole benchmark (see the module docstring); its report."""
     texts = prompts(2 * cfg.streams)
@@ -188,18 +197,19 @@ def run(cfg: ServingChaosConfig, progress: Progress) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mooncake-chaos-serving-") as tmp:
         progress("starting the cluster", 0, 1)
         with ServingCluster(spec, Path(tmp)) as cluster:
-            cluster.start_decodes(write_behind=False)
+            cluster.start_decodes(write_behind=True)
             progress("starting the cluster", 1, 1)
             _warm(cluster, texts, "warm-up", progress)
             clean = _streams(cluster, ref_texts, cfg.max_tokens, "clean", progress)
-            off = measure(cluster, lambda: _streams(cluster, load_texts, cfg.max_tokens,
-                                                    "write-behind off", progress))
-            progress("write-behind workers", 0, 1)
-            cluster.start_decodes(write_behind=True)
-            progress("write-behind workers", 1, 1)
-            _warm(cluster, texts, "warm-up again", progress)
-            on = measure(cluster, lambda: _streams(cluster, load_texts, cfg.max_tokens,
-                                                   "write-behind on", progress))
+
+            def load(phase: str) -> Run:
+                return measure(cluster, lambda: _streams(cluster, load_texts, cfg.max_tokens,
+                                                         phase, progress))
+            on = [load("write-behind on")]
+            _restart(cluster, False, texts, progress)
+            off = [load("write-behind off"), load("write-behind off again")]
+            _restart(cluster, True, texts, progress)
+            on.append(load("write-behind on again"))
             before = cluster.conductor_metrics()
             chaos, kills = _chaos(cluster, cfg, ref_texts, progress)
             report = _chaos_report(cluster, clean, chaos, kills, before)

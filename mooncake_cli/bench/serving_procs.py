@@ -92,9 +92,10 @@ class ServingCluster:
             conf.write_text(f'[conductor]\nport = 0\nmodel = "{spec.model}"\n'
                             f"block_size = {spec.block_size}\n"
                             f'explain = "{self.explain}"\n', encoding="utf-8")
-            info = self._ready(Child([sys.executable, "-m", "mooncake_cli", "--json",
-                                      "conductor", "start", "--config", str(conf)],
-                                     "the conductor"), START_TIMEOUT, "serving")
+            self.conductor = Child([sys.executable, "-m", "mooncake_cli", "--json",
+                                    "conductor", "start", "--config", str(conf)],
+                                   "the conductor")
+            info = self._ready(self.conductor, START_TIMEOUT, "serving")
             self.url, self.model = str(info["url"]), str(info["model"])
             self.prefill = self._worker("prefill", "prefill-0", spec.prefill_segment, [])
             self._wait([self.prefill])
@@ -213,6 +214,21 @@ class ServingCluster:
         return {"decode": sum(cpu_seconds(w.child.proc.pid) for w in self.decodes),
                 "cluster": sum(cpu_seconds(c.proc.pid) for c in self._children
                                if c.running())}
+
+    def conductor_errors(self, most: int = 40) -> list[str]:
+        """The conductor's logged errors and tracebacks (its last `most` such lines)."""
+        keep: list[str] = []
+        trace = False  # inside a traceback: its indented lines and the exception's line
+        for line in self.conductor.stderr_tail(1 << 20).splitlines():
+            if line.startswith("Traceback"):
+                trace = True
+            elif trace and not line[:1].isspace():
+                trace = False
+                keep.append(line)  # the exception itself
+                continue
+            if trace or " ERROR " in line or line.startswith("ERROR"):
+                keep.append(line)
+        return keep[-most:]
 
     def migrations(self) -> list[dict[str, Any]]:
         """The explain log's placements of moved answers (request `<id>.m<N>`)."""

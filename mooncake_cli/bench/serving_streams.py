@@ -130,4 +130,5 @@ def throughput(streams: list[Stream]) -> dict[str, float]:
     later = len(times) - len(firsts)
     return {"tokens": len(times), "seconds": max(times) - start,
             "tokens_per_s": len(times) / max(max(times) - start, 1e-9),
+            "decode_tokens": later, "decode_seconds": decode_span,
             "decode_tokens_per_s": later / max(decode_span, 1e-9)}

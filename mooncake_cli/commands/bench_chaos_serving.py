@@ -67,9 +67,14 @@ def _human(rep: dict[str, Any]) -> Any:
         con.print(f"  write-behind: decode {on['decode_tokens_per_s']:.1f} tokens/s on, "
                   f"{off['decode_tokens_per_s']:.1f} off: ratio {_fmt(wb['ratio'], '')}; "
                   f"tokens per CPU second of the cluster: ratio {_fmt(wb['cpu_ratio'], '')} "
-                  f"({on['stored_blocks']} blocks stored, {on['dropped_blocks']} dropped)")
+                  f"({on['stored_blocks']} blocks stored, {on['dropped_blocks']} dropped; "
+                  f"{on['runs']} runs each way)")
         for e in (ch["failures"] + rep["clean"]["failures"])[:5]:
             con.print(f"  [red]failed:[/red] {e}")
+        if ch["conductor_errors"]:
+            con.print("  the conductor logged:", markup=False)
+            for line in ch["conductor_errors"][-10:]:
+                con.print(f"    {line}", markup=False, highlight=False)
     return draw
 
 
