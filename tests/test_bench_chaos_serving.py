@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from mooncake_cli.commands.bench_plot import FIGURES
 from mooncake_cli.interfaces import ConfigError
 from tests.helpers.smollm import NAME
 from tests.helpers.store_procs import REPO, _env
@@ -25,9 +27,10 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
                           env=_env(), timeout=2300)
 
 
-def test_every_stream_survives_a_killed_decode_worker() -> None:
+def test_every_stream_survives_a_killed_decode_worker(tmp_path: Path) -> None:
+    png = tmp_path / "chaos-serving.png"
     run = bench("--model", NAME, "--streams", str(STREAMS), "--decode", "2", "--kill-every",
-                "1", "--max-tokens", "128")
+                "1", "--max-tokens", "128", "--plot", str(png))
     assert run.returncode == 0, run.stderr[-3000:]
     rep = json.loads(run.stdout)
     assert rep["model"] == NAME
@@ -37,7 +40,7 @@ def test_every_stream_survives_a_killed_decode_worker() -> None:
     assert chaos["kills"], "no decode worker was killed"
     assert all(k["running"] >= 1 and k["name"].startswith("decode-") for k in chaos["kills"])
     # every stream whole and the same as without kills
-    assert chaos["failures"] == []
+    assert chaos["failures"] == [] and chaos["conductor_errors"] == []
     assert (chaos["identical"], chaos["errors"], chaos["differs"]) == (STREAMS, 0, 0), chaos
     assert chaos["tokens"] == STREAMS * 128
     assert chaos["migrations"] >= 1 and chaos["moved_streams"] >= 1
@@ -52,8 +55,15 @@ def test_every_stream_survives_a_killed_decode_worker() -> None:
     assert wb["same_text"] == STREAMS
     assert wb["off"]["errors"] == 0 and wb["on"]["errors"] == 0
     assert wb["on"]["stored_blocks"] > 0 and wb["off"]["decode_tokens_per_s"] > 0
+    assert wb["on"]["runs"] == wb["off"]["runs"] == 2  # on, off, off, on
+    assert wb["off"]["stored_blocks"] == 0
     assert wb["ratio"] == pytest.approx(wb["on"]["decode_tokens_per_s"] /
                                         wb["off"]["decode_tokens_per_s"])
+    assert len(chaos["added_latency"]["samples_s"]) == chaos["added_latency"]["streams"]
+    assert rep["plot"] == str(png) and png.stat().st_size > 0
+    fig = FIGURES["chaos-serving"](rep)
+    assert [ax.get_title() for ax in fig.axes][:2] == [
+        "outcomes against the clean run", "added latency of a migrated stream"]
     for side in ("on", "off"):  # CPU time read off /proc for every process of the cluster
         assert wb[side]["cluster_cpu_s"] > wb[side]["decode_cpu_s"] > 0
     assert wb["cpu_ratio"] == pytest.approx(wb["on"]["tokens_per_cpu_s"] /

@@ -139,7 +139,8 @@ def _added_latency(clean: list[Stream], chaos: list[Stream], moved: set[str]
             added.append(gap - ref_gap)
     return {"source": "client: a moved stream's largest gap between two tokens minus the "
                       "same stream's in the clean run", "streams": len(added),
-            "p50_s": _pct(added, 0.5), "p99_s": _pct(added, 0.99)}
+            "p50_s": _pct(added, 0.5), "p99_s": _pct(added, 0.99),
+            "samples_s": [round(a, 3) for a in added]}
 
 
 def _chaos_report(cluster: ServingCluster, clean: list[Stream], chaos: list[Stream],

@@ -1,5 +1,6 @@
-"""Figures of the serving benchmarks (trace, burst, model, workers, profile), each built from the
-dict the command prints with --json and returned unsaved (bench/plots.py draws the panels)."""
+"""Figures of the serving benchmarks (trace, burst, model, workers, profile, chaos --serving),
+each built from the dict the command prints with --json and returned unsaved (bench/plots.py
+draws the panels)."""
 
 from __future__ import annotations
 
@@ -112,4 +113,28 @@ def profile(data: dict[str, Any]) -> Any:
         err = (doc["fit_error"].get(kind) or {}).get("mean")
         plots.measured_vs_predicted(ax, series, f"{unit}" + (
             f": held-out error {err:.0%} mean" if err is not None else ""))
+    return fig
+
+
+def chaos_serving(data: dict[str, Any]) -> Any:
+    """`bench chaos --serving`: the streams' outcomes, the added latency of each moved stream
+    (its distribution), and decode tokens/s with write-behind on and off."""
+    ch, wb, cfg = data["chaos"], data["write_behind"], data["config"]
+    fig, axes = plots.figure(3, f"bench chaos --serving: {ch['streams']} greedy streams, "
+                             f"{cfg['decode']} decode workers, {len(ch['kills'])} SIGKILLed, "
+                             f"{ch['migrations']} migrations ({data['model']})")
+    plots.bars(axes[0], ["streams"], {"identical": [ch["identical"]],
+                                      "other text": [ch["differs"]],
+                                      "failed": [ch["errors"]]},
+               "streams", "outcomes against the clean run", stacked=True)
+    plots.cdf(axes[1], {"moved streams": ch["added_latency"].get("samples_s") or []},
+              "added latency (s): largest token gap minus the clean run's",
+              "added latency of a migrated stream")
+    plots.bars(axes[2], ["decode tokens/s", "tokens per CPU s"],
+               {"write-behind off": [wb["off"]["decode_tokens_per_s"],
+                                     wb["off"]["tokens_per_cpu_s"]],
+                "write-behind on": [wb["on"]["decode_tokens_per_s"],
+                                    wb["on"]["tokens_per_cpu_s"]]},
+               "tokens", f"write-behind's cost: ratio {wb['ratio'] or 0:.2f}, CPU ratio "
+               f"{wb['cpu_ratio'] or 0:.2f}")
     return fig

@@ -67,7 +67,9 @@ def chaos(
     seed: int = typer.Option(None, "--seed", help="Seed of the kill moments and the workload "
                              "[default: 0]."),
     plot: str = bench_plot.option("the recovery times after each kill and put throughput "
-                                  "and latency against value size, HA on vs off"),
+                                  "and latency against value size, HA on vs off (with "
+                                  "--serving: the streams' outcomes, the added latency of "
+                                  "moved streams, write-behind's cost)"),
     serving: bool = serve.SERVING, model: str = serve.MODEL, streams: int = serve.STREAMS,
     decode: int = serve.DECODE, kill_every: float = serve.KILL_EVERY,
     max_tokens: int = serve.MAX_TOKENS,

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from mooncake_cli.commands import bench_plot
 from mooncake_cli.config import load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, ProgressBars
@@ -84,18 +85,21 @@ def serving(out: Out, model: str | None, streams: int | None, decode: int | None
     """Run the serving chaos bench; `store_flags` (the store bench's options) must be unset."""
     from mooncake_cli.bench.chaos_serving import ServingChaosConfig, run
 
+    plot = store_flags.pop("plot", None)
     given = [k for k, v in store_flags.items() if v]
     if given:
         raise ConfigError(f"--{given[0].replace('_', '-')} does not apply to --serving")
     cfg = load(ServingChaosConfig, "bench_chaos_serving", out.config_file, model=model,
                streams=streams, decode=decode, kill_every=kill_every, max_tokens=max_tokens,
                seed=seed)
+    bench_plot.check(plot)
     if out.err.is_terminal:
         bars = ProgressBars(out.err)
         with bars.bar:
             rep = run(cfg, bars)
     else:
         rep = run(cfg, _Lines(out.err))
+    bench_plot.draw(out, "chaos-serving", rep, plot)
     out.emit(rep, _human(rep))
 
 

@@ -16,6 +16,7 @@ FIGURES: dict[str, Callable[..., Any]] = {
     "store-policy": plot_storage.store_policy, "trace": plot_serving.trace,
     "burst": plot_serving.burst, "model": plot_serving.model, "workers": plot_serving.workers,
     "profile": plot_serving.profile, "scheduler": plot_scheduler.scheduler,
+    "chaos-serving": plot_serving.chaos_serving,
 }
 
 
