@@ -3,6 +3,8 @@
 The pool is [num_blocks, layers, 2, kv_heads, block_size, head_dim] (see mooncake_cli.kvkeys):
 `pool[b]` is one contiguous block in the store object layout, so a store client can read an
 object straight into it (`StoreClient.get_into(key, cache.block(b))`) and put it from there.
+A pipeline stage's cache holds only its layers [lo, hi): `pool[b]` is then the contiguous
+slice of the store object that starts `lo * layer_bytes` into it (see engine/stages.py).
 """
 
 from __future__ import annotations
@@ -39,17 +41,25 @@ class BlockAllocator:
 
 
 class KVCache:
-    """A pool of KV blocks for one model on one device, and its allocator."""
+    """A pool of KV blocks for one model on one device, and its allocator; with `layers`,
+    of those layers only (a pipeline stage's)."""
 
     def __init__(self, ns: KVNamespace, num_blocks: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", layers: range | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.layers = range(ns.layers) if layers is None else layers
+        if not self.layers or self.layers.step != 1 or not (
+                0 <= self.layers.start < self.layers.stop <= ns.layers):
+            raise ValueError(f"layers {self.layers} is not a range of the model's {ns.layers}")
         dtype = {v: k for k, v in DTYPE_NAMES.items()}[ns.dtype]
         self.ns = ns
         self.block_size = ns.block_size
-        self.pool = torch.zeros((num_blocks, *ns.block_shape), dtype=dtype, device=device)
+        shape = (num_blocks, len(self.layers), *ns.block_shape[1:])
+        self.pool = torch.zeros(shape, dtype=dtype, device=device)
         self.allocator = BlockAllocator(num_blocks)
+        self.layer_bytes = ns.block_bytes // ns.layers  # one layer's K and V of one block
+        self.block_bytes = self.layer_bytes * len(self.layers)  # of one pool block
 
     @property
     def num_blocks(self) -> int:
@@ -57,7 +67,10 @@ class KVCache:
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, V) of layer i over all blocks: [num_blocks, kv_heads, block_size, head_dim] views."""
-        return self.pool[:, i, 0], self.pool[:, i, 1]
+        if i not in self.layers:
+            raise IndexError(f"layer {i} is not in this cache's {self.layers}")
+        j = i - self.layers.start
+        return self.pool[:, j, 0], self.pool[:, j, 1]
 
     def block(self, b: int) -> torch.Tensor:
         """Block b in the store object layout, a contiguous view (writes land in the cache)."""
@@ -89,9 +102,9 @@ class KVCache:
             src = torch.frombuffer(bytearray(data) if isinstance(data, bytes) else data,
                                    dtype=torch.uint8)
         if src.dtype == torch.uint8 and dst.dtype != torch.uint8:
-            if src.numel() != self.ns.block_bytes:
+            if src.numel() != self.block_bytes:
                 raise ValueError(f"block object is {src.numel()} bytes, expected "
-                                 f"{self.ns.block_bytes} for {self.ns.tag()}")
+                                 f"{self.block_bytes} for {self.ns.tag()}")
             src = src.view(dst.dtype)
         if src.numel() != dst.numel():
             raise ValueError(f"block has {src.numel()} elements, expected {dst.numel()}")

@@ -34,15 +34,33 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """Logits [B, vocab] (float32) of each sequence's last new token."""
-        x = F.embedding(batch.input_ids, self.w.embed)
+        x = self.run_layers(self.embed(batch), batch, cache, range(len(self.w.layers)))
+        return self.head(x[batch.last_index])
+
+    # forward in three parts, so a pipeline stage runs a range of layers (engine/stages.py)
+    @torch.inference_mode()
+    def embed(self, batch: StepBatch) -> torch.Tensor:
+        """The hidden states [T, hidden] that enter layer 0."""
+        return F.embedding(batch.input_ids, self.w.embed)
+
+    @torch.inference_mode()
+    def run_layers(self, x: torch.Tensor, batch: StepBatch, cache: KVCache,
+                   layers: range) -> torch.Tensor:
+        """Layers `layers` on hidden states x [T, hidden] (their K/V into the cache)."""
         cos, sin = self.rope.tables(batch.positions, self.dtype)
-        for i, layer in enumerate(self.w.layers):
+        for i in layers:
+            layer = self.w.layers[i]
             h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
             x = x + self._attention(h, layer, batch, cache, i, cos, sin)
             h = rms_norm(x, layer.post_norm, self.cfg.rms_norm_eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
-        x = rms_norm(x[batch.last_index], self.w.norm, self.cfg.rms_norm_eps)
+        return x
+
+    @torch.inference_mode()
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [B, vocab] (float32) of the last layer's hidden states x [B, hidden]."""
+        x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
         return F.linear(x, self.w.lm_head).float()
 
     def _attention(self, h: torch.Tensor, w: LayerWeights, batch: StepBatch, cache: KVCache,
