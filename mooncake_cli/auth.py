@@ -65,6 +65,14 @@ def resolve_secret(secret: str | None, secret_file: str | None) -> str:
     return secret or ""
 
 
+def env_secret() -> str:
+    """The cluster secret a process was given through its environment (MOONCAKE_SECRET, or the
+    file MOONCAKE_SECRET_FILE names; "" for none): how the upstream-compatible APIs, whose
+    signatures have no place for it, learn it (a vLLM role passes it to its engine cores)."""
+    return resolve_secret(os.environ.get("MOONCAKE_SECRET") or None,
+                          os.environ.get("MOONCAKE_SECRET_FILE") or None)
+
+
 def is_loopback(host: str) -> bool:
     if host.strip("[]").lower() == "localhost":
         return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from mooncake_cli.auth import env_secret
 from mooncake_cli.compat.rdma import rdma_transport
 from mooncake_cli.compat.session import metadata_url
 from mooncake_cli.config import TransferConfig
@@ -70,6 +71,6 @@ def start(args: EngineArgs, registry: Registry) -> TransferEngine:
     """An engine listening on args.host (at args.port, or a free one) whose segment addresses
     are virtual addresses."""
     config = TransferConfig(host=args.host, port=args.port, name=args.name,
-                            metadata=args.metadata,
+                            metadata=args.metadata, secret=env_secret(),
                             transport=transport_for(args.protocol, registry))
     return TransferEngine(config, registry, addressed=True)

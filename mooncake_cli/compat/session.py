@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_cli.auth import env_secret
 from mooncake_cli.compat.rdma import rdma_transport
 from mooncake_cli.config import TransferConfig, parse_size
 from mooncake_cli.interfaces import ConfigError, MooncakeError
@@ -170,7 +171,7 @@ def start_engine(args: SetupArgs, registry: Registry, timeout: float) -> Transfe
     for port in ports:
         try:
             config = TransferConfig(host=args.host, port=port, metadata=args.metadata,
-                                    transport=transport, timeout=timeout)
+                                    transport=transport, timeout=timeout, secret=env_secret())
             return TransferEngine(config, registry)
         except ConfigError as e:
             raise bad(f"setup: {e}") from None

@@ -25,6 +25,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from mooncake_cli.auth import env_secret
 from mooncake_cli.compat import (
     buffers_api,
     closed,
@@ -112,7 +113,8 @@ class MooncakeDistributedStore:
             self._own_engine = a.engine is None
             self._engine = a.engine or start_engine(a, Registry.from_env(), self.timeout)
             self._client = StoreClient(a.master, self._engine, a.segment, timeout=self.timeout,
-                                       ssd_dir=a.ssd_dir, ssd_size=ssd_size(a))
+                                       ssd_dir=a.ssd_dir, ssd_size=ssd_size(a),
+                                       secret=env_secret() or None)
             fs_dir = fs_dir_of(self._client)
             if fs_dir:  # the master's root_fs_dir: objects persisted there too (persisted.py)
                 self._client = PersistedClient(self._client, FileTier(fs_dir))
