@@ -9,6 +9,7 @@ import typer
 from mooncake_cli.commands import common as c
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.config import help_of, load
+from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 
 
@@ -54,6 +55,11 @@ def start(
     kv_blocks: int = typer.Option(None, "--kv-blocks",
                                   help="With --local: KV cache blocks per worker "
                                        "[default: 512]."),
+    engine: str = typer.Option(None, "--engine", metavar="native|vllm",
+                               help="With --local: the workers' engine, native (ours) or "
+                                    "vllm (vLLM's async engine in this process: needs the "
+                                    "mooncake-vllm plugin and vLLM; on a CPU a --block-size "
+                                    "that is a multiple of 32) [default: native]."),
     secret: str = typer.Option(None, "--secret", envvar="MOONCAKE_SECRET", show_envvar=True,
                                help="Cluster secret the workers' and the conductor's internal "
                                     "endpoints require (signed requests); required beyond "
@@ -79,6 +85,9 @@ def start(
                tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed, api_key=api_key,
                audit_log=audit_log)
     tcfg = c.cluster_config(out, secret, secret_file)
+    if engine is not None and not local:
+        raise ConfigError("--engine chooses the engine of the --local workers; workers started "
+                          "on their own take it themselves (mooncake prefill --engine vllm)")
     with c.stop_signals() as stop:
         svc: ConductorService | LocalCluster
         if local:  # workers in this process: the engine (torch) loads only here
@@ -86,7 +95,7 @@ def start(
 
             p, d = parse_local(local)
             worker = load(WorkerConfig, "prefill", config or out.config_file,
-                          kv_blocks=kv_blocks)
+                          kv_blocks=kv_blocks, engine=engine)
             svc = LocalCluster(cfg, p, d, worker, tcfg,
                                progress=lambda text: out.event({"event": "started",
                                                                 "what": text}, text))

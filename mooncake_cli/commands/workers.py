@@ -23,6 +23,7 @@ def _opt(flag: str, name: str, metavar: str | None = None) -> Any:
 
 
 MODEL = _opt("--model", "model", "DIR|FILE|NAME")
+ENGINE = _opt("--engine", "engine", "native|vllm")
 DEVICE = _opt("--device", "device")
 DTYPE = _opt("--dtype", "dtype")
 THREADS = _opt("--threads", "threads", "N")
@@ -44,29 +45,36 @@ SECRET = typer.Option(None, "--secret", envvar="MOONCAKE_SECRET", show_envvar=Tr
                            "/metrics must be signed with it, and the store and transfer "
                            "connections prove it; required beyond loopback.")
 if TYPE_CHECKING:
-    from mooncake_cli.worker.runtime import WorkerRuntime
+    from mooncake_cli.worker.engines import Worker
+
+
+def _ready_text(role: str, worker: Worker, cfg: WorkerConfig, info: dict[str, Any]) -> str:
+    """The ready line: the engine's own (`ready_text`), or the native worker's."""
+    own = getattr(worker, "ready_text", None)
+    if own is not None:
+        return str(own()) + "\nCtrl-C to stop."
+    return (f"{role} worker [bold]{escape(worker.name)}[/bold] at "
+            f"[bold]{escape(worker.url)}[/bold]\n"
+            f"  model: {escape(info['description'])}\n"
+            f"  KV: {cfg.kv_blocks} blocks of {cfg.block_size} tokens, "
+            f"segment {escape(info['segment'])}, store "
+            f"{escape(info['store'] or 'none')}\nCtrl-C to stop.")
 
 
 def _serve(out: Out, role: str, secret: str | None, secret_file: str | None,
            **flags: Any) -> None:
     cfg = load(WorkerConfig, role, out.config_file, role=role, **flags)
     tcfg = c.cluster_config(out, secret, secret_file)
-    from mooncake_cli.worker.decode import DecodeWorker
-    from mooncake_cli.worker.prefill import PrefillWorker
+    from mooncake_cli.worker.engines import worker_class
 
-    kind: type[WorkerRuntime] = PrefillWorker if role == "prefill" else DecodeWorker
+    kind = worker_class(cfg.engine, role)
     tune_heap()  # the worker's store client reads values
     with c.stop_signals() as stop:
         worker = kind(cfg, tcfg, Registry.from_env())
         try:
             worker.start()
             info = worker.describe()
-            out.event(info, f"{role} worker [bold]{escape(worker.name)}[/bold] at "
-                            f"[bold]{escape(worker.url)}[/bold]\n"
-                            f"  model: {escape(worker.model.description)}\n"
-                            f"  KV: {cfg.kv_blocks} blocks of {cfg.block_size} tokens, "
-                            f"segment {escape(info['segment'])}, store "
-                            f"{escape(info['store'] or 'none')}\nCtrl-C to stop.")
+            out.event(info, _ready_text(role, worker, cfg, info))
             c.wait_for_signal(stop)
             out.event({"event": "stopping", "name": worker.name},
                       "stopping: finishing in-flight requests")
@@ -76,7 +84,8 @@ def _serve(out: Out, role: str, secret: str | None, secret_file: str | None,
               "stopped; deregistered, store segment unmounted")
 
 
-def prefill(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: str = DTYPE,
+def prefill(ctx: typer.Context, model: str = MODEL, engine: str = ENGINE, device: str = DEVICE,
+            dtype: str = DTYPE,
             threads: int = THREADS,
             store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
             advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
@@ -86,7 +95,8 @@ def prefill(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype:
             secret_file: str = c.SECRET_FILE) -> None:
     """Serve prefill: reuse stored prefix blocks, compute the rest in chunks, store new blocks
     and stream the KV to a decode worker (POST /v1/prefill)."""
-    _serve(ctx.obj, "prefill", secret, secret_file, model=model, device=device, dtype=dtype,
+    _serve(ctx.obj, "prefill", secret, secret_file, model=model, engine=engine, device=device,
+           dtype=dtype,
            threads=threads,
            store=store,
            segment_size=segment_size, listen=listen, advertise=advertise,
@@ -95,7 +105,8 @@ def prefill(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype:
            heartbeat=heartbeat, audit_log=audit_log)
 
 
-def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: str = DTYPE,
+def decode(ctx: typer.Context, model: str = MODEL, engine: str = ENGINE, device: str = DEVICE,
+           dtype: str = DTYPE,
            threads: int = THREADS,
            store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
            advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
@@ -106,7 +117,8 @@ def decode(ctx: typer.Context, model: str = MODEL, device: str = DEVICE, dtype: 
     """Serve decode: KV reservations filled by prefill workers, continuous batching, tokens
     streamed as server-sent events (POST /v1/kv/reserve, /v1/generate, /v1/kv/release).
     With --store it contributes --segment-size of DRAM to the store's pool."""
-    _serve(ctx.obj, "decode", secret, secret_file, model=model, device=device, dtype=dtype,
+    _serve(ctx.obj, "decode", secret, secret_file, model=model, engine=engine, device=device,
+           dtype=dtype,
            threads=threads,
            store=store,
            segment_size=segment_size, listen=listen, advertise=advertise,

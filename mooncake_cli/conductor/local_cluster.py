@@ -1,7 +1,8 @@
 """`conductor start --local P,D`: a whole cluster in one process, for a laptop.
 
 A store master on a free loopback port, P prefill and D decode workers of the same model (each
-with its own KV cache, store segment and HTTP port), and the conductor in front of them. Closing
+with its own KV cache, store segment and HTTP port; on the worker config's engine: ours, or
+vLLM's in this process with its engine cores beside it), and the conductor in front of them. Closing
 stops the conductor first, then the workers (finishing what is in flight), then the master.
 
 Every role gets the one cluster secret: the transfer config's, or a fresh one (kept in memory),
@@ -24,7 +25,7 @@ from mooncake_cli.registry import Registry
 from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.service import MasterService, master_from
 from mooncake_cli.worker.config import WorkerConfig
-from mooncake_cli.worker.runtime import WorkerRuntime
+from mooncake_cli.worker.engines import Worker, worker_class
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class LocalCluster:
                  worker: WorkerConfig | None = None, transfer: TransferConfig | None = None,
                  progress: Callable[[str], None] = lambda _: None) -> None:
         self.master: MasterService | None = None
-        self.workers: list[WorkerRuntime] = []
+        self.workers: list[Worker] = []
         self.conductor: ConductorService | None = None
         base = worker or WorkerConfig()
         base = dataclasses.replace(base, model=cfg.model, dtype=cfg.dtype,
@@ -62,12 +63,9 @@ class LocalCluster:
             self.master = MasterService(master_from(store_cfg), cfg.host, 0, self.secret)
             self.master.__enter__()
             progress(f"store master at {self.master.address}")
-            from mooncake_cli.worker.decode import DecodeWorker
-            from mooncake_cli.worker.prefill import PrefillWorker
-
             registry = Registry.from_env()
-            for role, kind, n in (("prefill", PrefillWorker, prefill),
-                                  ("decode", DecodeWorker, decode)):
+            for role, n in (("prefill", prefill), ("decode", decode)):
+                kind = worker_class(base.engine, role)
                 for i in range(n):
                     wcfg = dataclasses.replace(base, role=role, name=f"{role}-{i}",
                                                store=self.master.address)

@@ -25,6 +25,10 @@ class WorkerConfig:
     """One worker: its model, KV cache geometry, store, HTTP listener and conductor."""
 
     role: str = described("prefill", "prefill or decode")
+    engine: str = described("native", "the engine that runs the model: native (ours), or vllm "
+                                      "(vLLM's async engine in this process, its KV moved by "
+                                      "vLLM's Mooncake connectors; needs the mooncake-vllm "
+                                      "plugin and vLLM)")
     model: str = described("demo", "checkpoint directory (config.json, *.safetensors, "
                                    "tokenizer.json), .gguf file, named model, or a built-in "
                                    "demo with random weights (demo, demo-25m)")
@@ -63,6 +67,8 @@ class WorkerConfig:
         if self.role not in ROLES:
             raise ConfigError(f"role {self.role!r}: use prefill or decode")
         split_listen(self.listen)
+        if not self.engine or not self.engine.replace("-", "").isalnum():
+            raise ConfigError(f"engine {self.engine!r}: use native or vllm")
         for name in ("block_size", "kv_blocks", "chunk_size", "max_waiting", "max_connections"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
