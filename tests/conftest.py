@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import skips
 from tests.helpers.procs import read_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -268,3 +269,32 @@ def make_engine() -> Iterator[Callable[..., object]]:
     yield make
     for engine in reversed(engines):
         engine.close()
+
+
+# -- skips: only those the host's hardware explains (tests/helpers/skips.py) --------------------
+_SKIPPED: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append((report.nodeid, skips.reason_of(report.longrepr)))
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:  # a whole module skipped (importorskip at its top)
+        _SKIPPED.append((report.nodeid, skips.reason_of(report.longrepr)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    bad = skips.unexpected(_SKIPPED)
+    if not bad:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_sep("=", f"{len(bad)} skip(s) not expected on any host (the set-up "
+                                f"missed something): tests/helpers/skips.py", red=True)
+        for line in bad:
+            reporter.write_line(line)
+    if exitstatus == 0:
+        session.exitstatus = 1
