@@ -35,7 +35,9 @@ from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
 
-GRANT_TTL = 120.0  # seconds a stage's or the lead's write capability for one request lasts
+# seconds a write capability for one request lasts at most: it is revoked when the request
+# ends, so this only bounds a leak, and must outlast the longest prefill (8k tokens on a CPU)
+GRANT_TTL = 1800.0
 
 
 class Target(BaseModel):
