@@ -25,6 +25,7 @@ from typing import Any
 
 from mooncake_cli.interfaces import MooncakeError
 
+from mooncake_vllm.reaper import Reaper
 from mooncake_vllm.startlog import captured, cause, quiet_exit, to_file
 from mooncake_vllm.stats import EngineStats, logger_class
 
@@ -111,7 +112,7 @@ class VllmEngine:
             path.write_text(json.dumps(store_config(spec)))
             env["MOONCAKE_CONFIG_PATH"] = str(path)
         try:
-            with _starting, captured(log), environment(env):
+            with _starting, captured(log), environment(env), Reaper(log):
                 self.llm = self._start(sink)
         except Exception as e:
             shutil.rmtree(self._dir, ignore_errors=True)

@@ -93,6 +93,9 @@ class VllmWorker:
         self.bootstrap = free_port(host)
         self._registrar: Registrar | EtcdRegistrar | None = None
         self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
+        self._stopping = threading.Event()
+        self._watch = threading.Thread(target=self._watchdog, daemon=True,
+                                       name=f"mooncake-vllm-{self.role}-watch")
         spec = EngineSpec(
             role=self.role, engine_id=self.name, model_dir=self.model_dir, host=self.reach,
             dtype=cfg.dtype, block_size=cfg.block_size, kv_blocks=cfg.kv_blocks,
@@ -130,7 +133,8 @@ class VllmWorker:
     # -- what both roles answer --------------------------------------------------------------
     def routes(self) -> list[Route]:
         async def health(request: Request) -> Response:
-            return JSONResponse(self.health())
+            answer = self.health()
+            return JSONResponse(answer, 503 if answer["status"] == "dead" else 200)
 
         async def metrics(request: Request) -> Response:
             return text_response(self.metrics.render())
@@ -141,8 +145,15 @@ class VllmWorker:
         return [Route("/health", health), Route("/metrics", metrics), Route("/v1/load", load)]
 
     def health(self) -> dict[str, Any]:
-        return {"status": "draining" if self.draining.is_set() else "ok", "role": self.role,
-                "name": self.name, "model": self.ns.model, "block_size": self.cfg.block_size}
+        status = "dead" if self.engine_dead() else \
+            "draining" if self.draining.is_set() else "ok"
+        return {"status": status, "role": self.role, "name": self.name, "model": self.ns.model,
+                "block_size": self.cfg.block_size}
+
+    def engine_dead(self) -> bool:
+        """Whether vLLM's engine has died (its engine-core process gone, say): vLLM notices
+        it itself and fails every request after."""
+        return bool(getattr(self.engine.llm, "errored", False))
 
     def load(self) -> dict[str, Any]:
         running, waiting, usage = self._now()
@@ -201,13 +212,29 @@ class VllmWorker:
         elif self.cfg.conductor:
             self._registrar = Registrar(self.cfg.conductor, self.registration,
                                         self.cfg.heartbeat, auth=self.auth).start()
+        self._watch.start()
         return self
+
+    def _watchdog(self) -> None:
+        """A worker whose vLLM died leaves the conductor (its /health answers 503 from then),
+        so that no request is placed on it."""
+        while not self._stopping.wait(self.cfg.heartbeat):
+            if self.engine_dead():
+                log.error("%s: its vLLM engine died (vLLM's log: %s); leaving the conductor",
+                          self.name, self.vllm_log)
+                registrar, self._registrar = self._registrar, None
+                if registrar is not None:
+                    registrar.close(self.name)
+                return
 
     def close(self) -> None:
         """Let in-flight requests finish (up to drain_timeout), deregister, stop vLLM."""
         if self.draining.is_set():
             return
         self.draining.set()
+        self._stopping.set()
+        if self._watch.is_alive():
+            self._watch.join()
         deadline = time.monotonic() + self.cfg.drain_timeout
         while self.active and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -7,7 +7,8 @@ master, a prefill and a decode worker on vLLM), and one more decode worker on vL
 its own, registering with that conductor: greedy answers through the conductor, asked with the
 official `openai` client, streaming and not, are exactly a plain vLLM instance's; a repeated
 prompt reports its cached blocks; the roles are in /v1/instances and serve the native workers'
-/metrics figures. A vLLM engine that cannot start is one line with vLLM's cause.
+/metrics figures; a worker whose engine core is killed leaves the conductor. A vLLM engine that
+cannot start is one line with vLLM's cause.
 """
 
 from __future__ import annotations
@@ -170,3 +171,26 @@ def test_the_roles_are_registered_and_metered(cluster: dict[str, Any],
     assert sum(metric(t, "mooncake_worker_generated_tokens_total") for t in decodes) > 0
     conductor = httpx.get(cluster["url"] + "/metrics", timeout=10).text
     assert metric(conductor, "mooncake_conductor_requests_total") > 0
+
+
+def test_a_worker_whose_vllm_dies_leaves_the_conductor(plain_texts: dict[str, str],
+                                                       cluster: dict[str, Any],
+                                                       registered: dict[str, Any]) -> None:
+    """kill -9 of the registered decode worker's vLLM engine core: the worker answers /health
+    with 503 and deregisters; the conductor goes on with the other decode worker. (Last: the
+    registered worker is of no use after.)"""
+    import psutil
+
+    worker = psutil.Process(registered["proc"].pid)
+    [core] = [p for p in worker.children(recursive=True)
+              if "EngineCore" in " ".join(p.cmdline())]
+    core.kill()
+    registered["proc"].wait_until(lambda: "decode-r" not in alive(cluster["url"]), 60)
+    health = httpx.get(registered["url"] + "/health", timeout=10)
+    assert health.status_code == 503 and health.json()["status"] == "dead"
+    assert "decode-r" not in {i["name"] for i in httpx.get(
+        cluster["url"] + "/v1/instances", timeout=10).json()["instances"]}
+    prompt = short_prompts()[1]
+    answer = client(cluster["url"]).completions.create(model=MODEL, prompt=prompt,
+                                                       max_tokens=MAX_TOKENS, temperature=0)
+    assert answer.choices[0].text == plain_texts[prompt]
