@@ -72,3 +72,16 @@ class Registrar:
             self._thread.join(timeout=self.timeout + 1)
         if not self._post("/v1/instances/deregister", {"name": name}):
             log.warning("could not deregister %s from %s", name, self.conductor)
+
+
+def register_with(conductor: str, payload: Callable[[], dict[str, Any]], interval: float,
+                  secret: str = "", auth: Signer | None = None) -> Any:
+    """A started registrar for `conductor` (an etcd:// registry, or a conductor's URL), or
+    None when there is none: every worker role, whatever its engine, registers this way."""
+    if conductor.startswith("etcd://"):
+        from mooncake_cli.conductor.etcd_registry import EtcdRegistrar  # etcd3gw: etcd only
+
+        return EtcdRegistrar(conductor, payload, interval, secret=secret).start()
+    if conductor:
+        return Registrar(conductor, payload, interval, auth=auth).start()
+    return None

@@ -23,7 +23,7 @@ from mooncake_cli.transfer.hostinfo import hostname
 from mooncake_cli.worker.config import WorkerConfig, split_listen
 from mooncake_cli.worker.http import AUDITED
 from mooncake_cli.worker.metrics import WorkerMetrics
-from mooncake_cli.worker.registration import Registrar
+from mooncake_cli.worker.registration import Registrar, register_with
 
 if TYPE_CHECKING:
     from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
@@ -140,14 +140,8 @@ class WorkerRuntime:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> WorkerRuntime:
         self.http.start()
-        if self.cfg.conductor.startswith("etcd://"):
-            from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
-
-            self._registrar = EtcdRegistrar(self.cfg.conductor, self.registration,
-                                            self.cfg.heartbeat, secret=self._secret).start()
-        elif self.cfg.conductor:
-            self._registrar = Registrar(self.cfg.conductor, self.registration,
-                                        self.cfg.heartbeat, auth=self.auth).start()
+        self._registrar = register_with(self.cfg.conductor, self.registration,
+                                        self.cfg.heartbeat, self._secret, self.auth)
         return self
 
     def drain(self, timeout: float) -> None:

@@ -30,7 +30,7 @@ from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.hostinfo import hostname
 from mooncake_cli.worker.config import WorkerConfig, split_listen
 from mooncake_cli.worker.metrics import WorkerMetrics
-from mooncake_cli.worker.registration import Registrar
+from mooncake_cli.worker.registration import Registrar, register_with
 from rich.markup import escape
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -204,14 +204,8 @@ class VllmWorker:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> VllmWorker:
         self.http.start()
-        if self.cfg.conductor.startswith("etcd://"):
-            from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
-
-            self._registrar = EtcdRegistrar(self.cfg.conductor, self.registration,
-                                            self.cfg.heartbeat, secret=self._secret).start()
-        elif self.cfg.conductor:
-            self._registrar = Registrar(self.cfg.conductor, self.registration,
-                                        self.cfg.heartbeat, auth=self.auth).start()
+        self._registrar = register_with(self.cfg.conductor, self.registration,
+                                        self.cfg.heartbeat, self._secret, self.auth)
         self._watch.start()
         return self
 
