@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import skips
-from tests.helpers.procs import read_until
+from tests.helpers.procs import read_until, remove_shm_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,20 +52,6 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
-
-
-def remove_shm_of(pid: int) -> None:
-    """Unlink the /dev/shm buffers a killed target left behind (it could not clean up)."""
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(f"mooncake-{pid}-"):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
 
 
 # -- etcd -------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.engine import ModelRunner, Sequence
 from mooncake_cli.engine.stages import StageRunner, split_layers
 from mooncake_cli.worker.pipeline_lead import LeadTiming, lead_prefill
-from tests.conftest import remove_shm_of
 from tests.helpers.stage_procs import Hosted, StageProc, hosted
 from tests.helpers.stage_ref import (
     BLOCK,
@@ -58,7 +57,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     finally:
         for p in procs:
             p.stop()
-            remove_shm_of(p.proc.pid)
 
 
 def lead_run(c: Cluster, stages: int, prefix: int, urls: list[str] | None = None,
@@ -114,7 +112,6 @@ def test_a_stage_killed_mid_prefill_fails_it_at_once(cluster: Cluster) -> None:
     def kill_once(done: int) -> None:
         if victim.proc.poll() is None:
             victim.kill()
-            remove_shm_of(victim.proc.pid)
 
     t0 = time.monotonic()
     with pytest.raises(ServingError) as err:

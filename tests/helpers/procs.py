@@ -5,7 +5,9 @@ deadline, so a child that never gets ready fails the test instead of hanging it.
 from __future__ import annotations
 
 import json
+import os
 import selectors
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -49,3 +51,46 @@ def jsonl(path: str | Path) -> list[dict[str, Any]]:
     line still being written is left for the next look."""
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.endswith("\n")]
+
+
+def remove_shm_of(pid: int) -> None:
+    """Unlink the /dev/shm buffers a killed child left behind (it could not clean up)."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(f"mooncake-{pid}-"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `proc` (if it runs), reap it and remove the shm buffers it left."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    remove_shm_of(proc.pid)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0, term: bool = True) -> int | None:
+    """Close `proc`'s stdin (and with `term` send SIGTERM), wait up to `timeout` seconds for
+    its exit code; past that it is killed (`kill`) and None returned. Either way the shm
+    buffers it left are removed."""
+    if proc.poll() is None:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        if term:
+            proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill(proc)
+        return None
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if proc.poll() is not None:  # what a child that failed to clean up left
+            remove_shm_of(proc.pid)

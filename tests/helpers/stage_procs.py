@@ -23,6 +23,7 @@ from mooncake_cli.engine import KVCache
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.worker.stage_host import StageHost, stage_routes
+from tests.helpers import procs
 from tests.helpers.procs import read_line
 from tests.helpers.stage_ref import BLOCK, TOKENS, blocks_for, model
 from tests.helpers.store_procs import REPO, _env
@@ -70,21 +71,10 @@ class StageProc:
         return self
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        procs.kill(self.proc)
 
     def stop(self, timeout: float = 20.0) -> int | None:
-        if self.proc.poll() is None and self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-        finally:
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
+        return procs.stop(self.proc, timeout, term=False)  # it serves until stdin closes
 
 
 def main() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import procs
 from tests.helpers.procs import read_line  # the Proc's reader; re-exported for the role helpers
 
 HERE = Path(__file__).resolve().parent
@@ -37,29 +37,10 @@ class Proc:
         return read_line(self.proc, 20)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for name in os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []:
-            if name.startswith(f"mooncake-{self.proc.pid}-"):
-                try:
-                    os.unlink(f"/dev/shm/{name}")
-                except OSError:
-                    pass
+        procs.kill(self.proc)
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        if self.proc.poll() is None:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-        finally:
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
+        return procs.stop(self.proc, timeout)
 
 
 def start_master(port: int, *extra: str) -> Proc:

@@ -11,6 +11,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -25,6 +28,15 @@ def port_open(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def poll(check: Callable[[], T | None], timeout: float, interval: float = 0.2) -> T | None:
+    """The first result of `check()` that is not None, asked every `interval` seconds; None
+    when `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while (got := check()) is None and time.monotonic() < deadline:
+        time.sleep(interval)
+    return got
 
 
 class Proc:
@@ -53,13 +65,11 @@ class Proc:
     def wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
         """Poll `ready()` until true; RuntimeError with the log's tail when the process exits
         or `timeout` seconds pass first (the process is then stopped)."""
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if not self.alive() or time.monotonic() > deadline:
-                why = "exited" if not self.alive() else f"not ready after {timeout:.0f} s"
-                self.stop()
-                raise RuntimeError(f"{self.what} {why}; log {self.log}:\n{self.tail()}")
-            time.sleep(0.2)
+        if poll(lambda: True if ready() else (None if self.alive() else False), timeout):
+            return
+        why = "exited" if not self.alive() else f"not ready after {timeout:.0f} s"
+        self.stop()
+        raise RuntimeError(f"{self.what} {why}; log {self.log}:\n{self.tail()}")
 
     def _signal_group(self, sig: int) -> None:
         try:

@@ -7,7 +7,6 @@ reports as cached when the prompt comes again."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from mooncake_cli.auth import Signer
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.seqhash import seq_hashes
 from mooncake_cli.conductor.service import ConductorService
-from procs import free_port
+from procs import free_port, poll
 from prompts import long_prompt
 from sides import base_env
 from vllm_server import VllmServer
@@ -65,13 +64,14 @@ def query(svc: ConductorService, ids: list[int], bs: int = BS, **more: Any) -> d
 
 def settled(svc: ConductorService, ids: list[int], instance: str, want: int,
             bs: int = BS) -> dict[str, Any]:
-    deadline = time.monotonic() + SETTLE_S
-    while True:
+    def answer() -> dict[str, Any] | None:
         got = query(svc, ids, bs, instance_id=instance).get(instance, {})
-        if got.get("longest_matched") == want or time.monotonic() > deadline:
-            assert got.get("longest_matched") == want, got
-            return got
-        time.sleep(0.1)  # polling the conductor's answer, not ordering events
+        return got if got.get("longest_matched") == want else None
+
+    got = poll(answer, SETTLE_S, 0.1) or query(svc, ids, bs, instance_id=instance).get(
+        instance, {})
+    assert got.get("longest_matched") == want, got
+    return got
 
 
 def test_vllm_blocks_are_indexed_and_evictions_removed(conductor, vllm) -> None:

@@ -13,7 +13,7 @@ from mooncake_vllm.reaper import FAILED, Reaper
 
 
 def sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    return subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
 
 
 def test_what_a_failed_start_left_is_killed(tmp_path: Path) -> None:
