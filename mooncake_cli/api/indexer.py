@@ -38,9 +38,7 @@ def _endpoint(value: str | None, name: str) -> str | None:
     return value
 
 
-class Register(Message):
-    endpoint: str  # the publisher's ZMQ PUB socket
-    replay_endpoint: str | None = None  # its ZMQ ROUTER for missed batches
+class Unregister(Message):
     type: Kind
     modelname: Name
     lora_name: Name | None = None
@@ -48,6 +46,11 @@ class Register(Message):
     instance_id: Name
     block_size: BlockSize
     dp_rank: Rank = 0
+
+
+class Register(Unregister):
+    endpoint: str  # the publisher's ZMQ PUB socket
+    replay_endpoint: str | None = None  # its ZMQ ROUTER for missed batches
     additionalsalt: Salt | None = None
 
     @field_validator("endpoint")
@@ -59,16 +62,6 @@ class Register(Message):
     @classmethod
     def _replay(cls, v: str | None) -> str | None:
         return _endpoint(v, "replay_endpoint")
-
-
-class Unregister(Message):
-    type: Kind
-    modelname: Name
-    lora_name: Name | None = None
-    tenant_id: Name = "default"
-    instance_id: Name
-    block_size: BlockSize
-    dp_rank: Rank = 0
 
 
 class Query(Message):

@@ -10,10 +10,13 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.auth import Signer
 from mooncake_cli.jsonhttp import call
+
+if TYPE_CHECKING:
+    from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
 
 log = logging.getLogger("mooncake.worker")
 
@@ -75,7 +78,8 @@ class Registrar:
 
 
 def register_with(conductor: str, payload: Callable[[], dict[str, Any]], interval: float,
-                  secret: str = "", auth: Signer | None = None) -> Any:
+                  secret: str = "", auth: Signer | None = None
+                  ) -> Registrar | EtcdRegistrar | None:
     """A started registrar for `conductor` (an etcd:// registry, or a conductor's URL), or
     None when there is none: every worker role, whatever its engine, registers this way."""
     if conductor.startswith("etcd://"):
