@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import skips
-from tests.helpers.procs import read_until, remove_shm_of
+from tests.helpers.procs import kill, read_until, remove_shm_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -154,10 +154,7 @@ class Target:
 
     def kill(self) -> None:
         """SIGKILL and reap (a zombie still answers kill(pid, 0)), then drop its shm files."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        remove_shm_of(self.proc.pid)
+        kill(self.proc)
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM (the graceful way) and wait; the exit code."""
