@@ -1,6 +1,7 @@
 """The messages between the conductor and the workers (and between the workers).
 
     conductor -> prefill   POST /v1/prefill        PrefillRequest -> PrefillAnswer
+    lead      -> stage     POST /v1/stage/...      worker/pipeline.py (a pipelined prefill)
     prefill   -> decode    POST /v1/kv/reserve     ReserveRequest -> ReserveAnswer
     prefill   -> decode    POST /v1/kv/release     ReleaseRequest -> ReleaseAnswer
     conductor -> decode    POST /v1/generate       GenerateRequest -> SSE TokenEvent..., FinalEvent
@@ -37,6 +38,27 @@ class Answer(Message):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
+MAX_STAGES = 8  # pipeline stages of one prefill at most, the lead included
+
+
+class Pipeline(Message):
+    """Run this prefill as a pipeline: the lead (the worker asked) runs the first share of the
+    layers and hands each `chunk_tokens`-token chunk's hidden states to `stages` (other
+    prefill workers' URLs, in order), which run the next shares (layers split evenly)."""
+
+    stages: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
+                      Field(min_length=1, max_length=MAX_STAGES - 1)]
+    chunk_tokens: Annotated[int, Field(ge=1)] = 2048
+
+    @field_validator("stages")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        if not all(u.startswith("http") for u in v) or len(set(v)) != len(v):
+            raise bad("'pipeline.stages' must be distinct prefill worker URLs "
+                      "(http://HOST:PORT)", "pipeline")
+        return v
+
+
 class PrefillRequest(Message):
     request_id: RequestId
     token_ids: TokenIds | None = None
@@ -44,6 +66,7 @@ class PrefillRequest(Message):
     decode: str | None = None  # http://HOST:PORT of the decode worker to stream the KV to
     sampling: SamplingParams = SamplingParams()
     reuse: Reuse = "any"  # which stored prefix blocks may be loaded
+    pipeline: Pipeline | None = None  # None: this worker alone
 
     @model_validator(mode="after")
     def _prompt_given(self) -> PrefillRequest:
@@ -65,6 +88,20 @@ class PrefillTiming(Answer):
     total: float = 0.0
 
 
+class PipelineReport(Answer):
+    """How a pipelined prefill went: the stages it ran on (none when it fell back to the
+    lead alone, `fallback` saying why), and the lead's hand-off figures in seconds."""
+
+    stages: list[str] = []
+    layers: list[list[int]] = []  # [lo, hi) per stage, the lead's first
+    chunk_tokens: int = 0
+    fallback: str = ""
+    begin: float = 0.0  # setting the stages up
+    handoff: float = 0.0  # the lead's writes and notices of its chunks
+    drain: float = 0.0  # waiting for the last stage after the lead's last chunk
+    bytes_sent: int = 0
+
+
 class PrefillAnswer(Answer):
     request_id: str
     first_token: Count
@@ -75,6 +112,7 @@ class PrefillAnswer(Answer):
     finish_reason: str | None = None
     timing: PrefillTiming = PrefillTiming()
     token_ids: list[int] | None = None  # when the request gave a prompt string
+    pipeline: PipelineReport | None = None  # when the request asked for a pipeline
 
 
 class ReserveRequest(Message):

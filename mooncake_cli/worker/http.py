@@ -4,6 +4,7 @@
     POST /v1/prefill                                 prefill (waits for its turn, async)
     POST /v1/kv/reserve, /v1/kv/release              decode
     POST /v1/generate                                decode (server-sent token events)
+    POST /v1/stage/{begin,chunk,release}             prefill (pipeline stages: stage_host.py)
 
 Bodies are the `mooncake_cli.api.roles` messages; errors leave through `mooncake_cli.asgi`.
 All but /health and /metrics need the cluster secret (when the worker has one); `AUDITED`
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from mooncake_cli.worker.runtime import WorkerRuntime
 
 AUDITED = {"/v1/prefill": "prefill", "/v1/kv/reserve": "reserve", "/v1/kv/release": "release",
-           "/v1/generate": "generate"}
+           "/v1/generate": "generate", "/v1/stage/begin": "stage"}
 
 def _json(message: Any) -> Response:
     data = message.model_dump(mode="json") if hasattr(message, "model_dump") else message

@@ -52,6 +52,12 @@ class WorkerMetrics:
         "recomputed_tokens": "Tokens of resumed sequences whose KV was recomputed.",
         "write_behind_blocks": "Generated KV blocks a decode worker put into the store as they "
                                "filled (for another decode worker to take its requests over).",
+        "pipelined_prefills": "Prefills this worker led as a pipeline of several workers' "
+                              "layer stages.",
+        "pipeline_fallbacks": "Pipelined prefills this worker ran alone because a stage was "
+                              "busy, failed or gone.",
+        "stage_bytes_sent": "Bytes the prefills this worker led handed to their stages "
+                            "(hidden states and reused prefix slices).",
         "write_behind_dropped_blocks": "Generated KV blocks not stored because the store was "
                                        "slower than the decode steps.",
     }

@@ -215,6 +215,15 @@ def post(url: str, path: str, message: BaseModel, auth: Signer | None,
     return answer.body
 
 
+def reachable(url: str, timeout: float = 2.0) -> bool:
+    """Whether the stage at `url` still answers /health (a lead waiting for a stage's notice
+    tells a dead stage from a slow one by this)."""
+    try:
+        return call(url.rstrip("/") + "/health", timeout=timeout).status == 200
+    except (OSError, ValueError):
+        return False
+
+
 def notify(url: str, notice: ChunkReady, auth: Signer | None, timeout: float) -> None:
     """Tell the stage at `url` that the chunk's rows are in its inbox."""
     post(url, "/v1/stage/chunk", notice, auth, timeout)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.schema import validate
+import torch
+
 from mooncake_cli.engine import Sequence
 from mooncake_cli.engine.stages import StageRunner
 from mooncake_cli.worker.pipeline import (
@@ -27,6 +29,7 @@ from mooncake_cli.worker.pipeline import (
     Target,
     notify,
     post,
+    reachable,
     run,
     write,
 )
@@ -50,11 +53,15 @@ class LeadTiming:
 def lead_prefill(host: StageHost, seq: Sequence, stages: list[str], ranges: list[range],
                  chunk: int, own_url: str, request_id: str,
                  on_blocks: Callable[[int], None] | None = None,
-                 timing: LeadTiming | None = None) -> int:
+                 timing: LeadTiming | None = None,
+                 sample: Callable[[Sequence, torch.Tensor], int] | None = None) -> int:
     """Prefill `seq` (from its `num_computed`) through this host (layers ranges[0]) and the
-    stages at `stages` (ranges[1:], in order), `chunk` tokens at a time; the first token.
+    stages at `stages` (ranges[1:], in order), `chunk` tokens at a time; the first token,
+    drawn by `sample(seq, logits)` (default: the stage runner's sampler).
     `on_blocks(n)`: the first n blocks are whole in the host's cache (called as the last
-    stage's notices come; n grows to every block of the prompt, the partial one included)."""
+    stage's notices come; n grows to every block of the prompt, the partial one included).
+    PREFILL_FAILED (or UNAVAILABLE: a stage is busy) when the pipeline cannot finish; the
+    caller may then run the request alone from `seq`'s reused prefix."""
     if not stages or len(ranges) != len(stages) + 1 or chunk < 1:
         raise ValueError("one layer range per stage (the lead's first), at least one other "
                          "stage, and chunk >= 1")
@@ -67,7 +74,7 @@ def lead_prefill(host: StageHost, seq: Sequence, stages: list[str], ranges: list
     cache.ensure(seq.block_table, n_tok)
     table = seq.block_table
     whole = [(host.slice_at(b, cache.layers), cache.block_bytes) for b in table]
-    mine = host.claim(request_id, n_tok, whole)  # the last stage's row, every stage's slices
+    mine = host.claim(request_id, n_tok, whole, lead=True)  # the last stage's row, every stage's slices
     begun: list[str] = []
     try:
         clock = time.perf_counter()
@@ -118,10 +125,10 @@ def lead_prefill(host: StageHost, seq: Sequence, stages: list[str], ranges: list
                 arrived(notice)
         clock = time.perf_counter()
         while done < len(table):
-            arrived(host.inbox.take(host.timeout))
+            arrived(_next_notice(host, stages))
         t.drain = time.perf_counter() - clock
         logits = runner.logits(host.inbox.rows[n_tok - 1])
-        return runner.sample(seq, logits)
+        return (sample or runner.sample)(seq, logits)
     except BaseException:
         for url in begun:  # best effort: a stage that is gone frees its blocks on its timeout
             try:
@@ -133,6 +140,24 @@ def lead_prefill(host: StageHost, seq: Sequence, stages: list[str], ranges: list
         raise
     finally:
         host.inbox.close(request_id)
+
+
+def _next_notice(host: StageHost, stages: list[str], poll: float = 2.0) -> ChunkReady:
+    """The next notice of the last stage, waiting up to the host's timeout in all; a stage
+    that stops answering /health meanwhile fails the prefill at once (a killed stage sends
+    nothing more, and a slow one must not be taken for it)."""
+    deadline = time.monotonic() + host.timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return host.inbox.take(max(0.0, min(poll, left)))
+        except ServingError:
+            if left <= poll or host.inbox.request_id is None:
+                raise  # the time is up, or a stage told the lead it failed
+        gone = [url for url in stages if not reachable(url)]
+        if gone:
+            raise ServingError(ErrorCode.PREFILL_FAILED, f"pipeline stage {gone[0]} stopped "
+                               "answering")
 
 
 __all__ = ["LeadTiming", "Target", "lead_prefill"]

@@ -1,5 +1,7 @@
 """PrefillWorker: one request at a time in arrival order — reuse stored prefix blocks, compute
-the rest in chunks, stream the KV to the decode worker while computing, store new blocks."""
+the rest in chunks (alone, or as the lead of a pipeline of other prefill workers when the
+request asks for one), stream the KV to the decode worker while computing, store new blocks.
+Between its own requests it serves other leads' pipeline stages (worker/pipelined.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.kvkeys import block_keys
 from mooncake_cli.worker.http import prefill_routes
 from mooncake_cli.worker.kvstream import KVStream
+from mooncake_cli.worker.pipelined import Pipelines
 from mooncake_cli.worker.prefix import PrefixStore
 from mooncake_cli.worker.runtime import WorkerRuntime
 
@@ -33,6 +36,7 @@ class PrefillJob:
     seq: Sequence
     decode_url: str | None
     reuse: str = "any"
+    pipeline: roles.Pipeline | None = None
     arrived: float = field(default_factory=time.perf_counter)
     answer: Future[roles.PrefillAnswer] = field(default_factory=Future)
 
@@ -41,10 +45,14 @@ class PrefillWorker(WorkerRuntime):
     role = "prefill"
 
     def routes(self) -> list[Route]:
-        return prefill_routes(self)
+        return [*prefill_routes(self), *self.pipelines.routes()]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.pipelines = Pipelines()  # its routes are made before the transfer engine
         super().__init__(*args, **kwargs)
+        assert self.engine is not None
+        self.pipelines.attach(self.model, self.cache, self.engine, self.pool_region,
+                              self.auth, self.url)
         self.prefix = PrefixStore(self.store, self.cache) if self.store is not None else None
         self._evictions_seen = 0
         self._queue: queue.Queue[PrefillJob | None] = queue.Queue()
@@ -57,6 +65,7 @@ class PrefillWorker(WorkerRuntime):
     def load(self) -> dict[str, Any]:
         with self._lock:
             queued, busy, tokens = self._queue.qsize(), self._busy, self._queued_tokens
+        busy = max(busy, self.pipelines.busy())  # another lead's stage
         return {"role": self.role, "running": busy, "waiting": queued,
                 "free_blocks": self.cache.allocator.free, "total_blocks": self.cache.num_blocks,
                 "recent_step_s": self.metrics.recent_step_s(),
@@ -74,7 +83,7 @@ class PrefillWorker(WorkerRuntime):
             raise bad(f"prompt of {len(tokens)} tokens needs "
                       f"{self.cache.blocks_for(len(tokens))} KV blocks; this worker "
                       f"has {self.cache.num_blocks} (raise --kv-blocks)", "token_ids")
-        job = PrefillJob(req.request_id, seq, req.decode, req.reuse)
+        job = PrefillJob(req.request_id, seq, req.decode, req.reuse, req.pipeline)
         with self._lock:
             if self._queue.qsize() >= self.cfg.max_waiting:
                 raise ServingError(ErrorCode.UNAVAILABLE, f"prefill queue is full "
@@ -99,7 +108,8 @@ class PrefillWorker(WorkerRuntime):
                 if not job.answer.set_running_or_notify_cancel():
                     self.runner.release(job.seq)  # its caller left before its turn
                     continue
-                job.answer.set_result(self._run(job))
+                with self.pipelines.local_work():  # after a stage running here ends
+                    job.answer.set_result(self._run(job))
             except ServingError as e:
                 job.answer.set_exception(e)
             except MooncakeError as e:
@@ -137,7 +147,7 @@ class PrefillWorker(WorkerRuntime):
                 if self.prefix and job.reuse != "none" else 0
             seq.num_computed = loaded * bs
             timing["load"] = time.perf_counter() - t
-            first, sent = self._compute(seq, stream, timing)
+            first, sent, piped = self._prefill(job, stream, timing)
             t = time.perf_counter()
             full = len(tokens) // bs
             stored = self.prefix.put(keys[loaded:full], seq.block_table[loaded:full]) \
@@ -165,14 +175,42 @@ class PrefillWorker(WorkerRuntime):
             request_id=job.request_id, first_token=first, prompt_tokens=len(tokens),
             cached_tokens=loaded * bs, stored_keys=stored, replicated_keys=replicated,
             finish_reason=seq.finish_reason,
-            timing=roles.PrefillTiming(**{k: round(v, 6) for k, v in timing.items()}))
+            timing=roles.PrefillTiming(**{k: round(v, 6) for k, v in timing.items()}),
+            pipeline=piped)
+
+    def _prefill(self, job: PrefillJob, stream: KVStream | None, timing: dict[str, float]
+                 ) -> tuple[int, int, roles.PipelineReport | None]:
+        """Compute the pending tokens, through the job's pipeline if it has one (alone when
+        that cannot finish); (first token, blocks sent, the pipeline's report)."""
+        if job.pipeline is None:
+            return (*self._compute(job.seq, stream, timing), None)
+        seq, bs = job.seq, self.cache.block_size
+        sent = 0
+
+        def whole(n: int) -> None:  # the first n blocks are whole here: stream the full ones
+            nonlocal sent
+            full = min(n, seq.num_prompt // bs)
+            if stream is not None and full > sent:
+                t = time.perf_counter()
+                stream.send((i, seq.block_table[i]) for i in range(sent, full))
+                timing["transfer"] += time.perf_counter() - t
+                sent = full
+
+        t = time.perf_counter()
+        first, report = self.pipelines.lead(seq, job.pipeline, job.request_id,
+                                            lambda s, logits: self.runner.sample([s], logits)[0],
+                                            whole, self.metrics)
+        if first is not None:
+            timing["compute"] += time.perf_counter() - t
+            return first, sent, report
+        log.warning("pipelined prefill %s runs alone: %s", job.request_id, report.fallback)
+        return (*self._compute(seq, stream, timing, sent), report)
 
     def _compute(self, seq: Sequence, stream: KVStream | None,
-                 timing: dict[str, float]) -> tuple[int, int]:
+                 timing: dict[str, float], sent: int = 0) -> tuple[int, int]:
         """Chunked prefill of the pending tokens; after each chunk the newly completed blocks
-        go to the decode worker. (first token, blocks sent)."""
+        go to the decode worker (after the first `sent`). (first token, blocks sent)."""
         bs = self.cache.block_size
-        sent = 0
         while True:
             if stream is not None:
                 t = time.perf_counter()

@@ -99,10 +99,9 @@ class WorkerRuntime:
             tc = dataclasses.replace(tc, host=host, advertise=tc.advertise or cfg.advertise,
                                      name="" if p2p else (tc.name or self.name))
             self.engine = TransferEngine(tc, registry or Registry.from_env())
-            # decode: prefill writes KV there only with a reservation's capability
-            # (worker/kvgrant.py)
-            self.pool_region = self.engine.register(self.cache.pool,
-                                                    guarded=self.role == "decode")
+            # peers write KV there only with a capability: a prefill worker's reservation on
+            # a decode worker (worker/kvgrant.py), a pipeline stage's on its lead
+            self.pool_region = self.engine.register(self.cache.pool, guarded=True)
             self.engine.set_audit(self.audit)  # refused accesses and transfers, too
             if cfg.uses_store:
                 self.store = StoreClient(cfg.store, self.engine, cfg.segment_size,

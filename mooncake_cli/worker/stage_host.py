@@ -6,14 +6,17 @@
                             the lead, a stage failed: its prefill fails at once)
 
 The same host's inbox takes the notices of a request it leads (pipeline_lead.py), so one
-instance serves either role; the conductor's live wiring (choosing and reserving stages) is
-not here.
+instance serves either role. A prefill worker runs its own prefills inside `local_work()`:
+one of them waits for a stage job to end, and a stage plan that comes meanwhile is refused
+(UNAVAILABLE), so its lead runs the request alone.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
@@ -69,7 +72,9 @@ class StageHost:
         self.inbox = Inbox(engine, rows, hidden, dtype, cache.pool.device)
         self.outbox = Outbox(engine, rows, hidden, dtype, cache.pool.device)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a stage job ends
         self.job: StageJob | None = None
+        self.local = False  # the host's own prefill is running (see local_work)
         self.bytes_sent = 0
 
     def slice_at(self, block: int, layers: range) -> int:
@@ -110,14 +115,31 @@ class StageHost:
                           slices=slices, slice_bytes=runner.slice_bytes)
 
     def claim(self, request_id: str, num_tokens: int,
-              extra: list[tuple[int, int]] | None = None) -> Target:
-        """Take the inbox for `request_id` (as a stage, or as its lead); UNAVAILABLE while
-        another request has it. The capability for its rows and `extra` ranges."""
+              extra: list[tuple[int, int]] | None = None, lead: bool = False) -> Target:
+        """Take the inbox for `request_id` (as a stage, or, with `lead`, as its lead from
+        inside `local_work`); UNAVAILABLE while another request has it. The capability for
+        its rows and `extra` ranges."""
         with self._lock:
             if self.job is not None or self.inbox.request_id is not None:
                 raise ServingError(ErrorCode.UNAVAILABLE, "this instance is running a "
                                    "pipelined prefill", retry_after=1)
+            if self.local and not lead:
+                raise ServingError(ErrorCode.UNAVAILABLE, "this instance is running a "
+                                   "prefill of its own", retry_after=1)
             return self.inbox.open(request_id, num_tokens, extra or [])
+
+    @contextmanager
+    def local_work(self) -> Iterator[None]:
+        """Hold the host for a prefill of its own: wait for a running stage job to end, and
+        refuse stage plans until the block ends."""
+        with self._idle:
+            self._idle.wait_for(lambda: self.job is None)
+            self.local = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.local = False
 
     def deliver(self, notice: ChunkReady) -> None:
         self.inbox.post(notice)
@@ -140,6 +162,7 @@ class StageHost:
             with self._lock:  # free for the next claim all at once
                 self.inbox.close(plan.request_id)
                 self.job = None
+                self._idle.notify_all()
             job.done.set()
         if job.error is not None:  # free already: the lead may retry on this instance at once
             why = StageRelease(request_id=plan.request_id,
@@ -184,22 +207,23 @@ class StageHost:
                 return
 
 
-def stage_routes(host: StageHost) -> list[Route]:
-    """The control routes of a stage host (mount them behind the cluster secret's guard)."""
+def stage_routes(host_of: Callable[[], StageHost]) -> list[Route]:
+    """The control routes of the stage host `host_of()` returns (made after the routes, with
+    the transfer engine; mount them behind the cluster secret's guard)."""
 
     def ok(data: object) -> Response:
         return JSONResponse(data.model_dump(mode="json") if hasattr(data, "model_dump")
                             else data)
 
     async def begin(request: Request) -> Response:
-        return ok(host.begin(parse(StagePlan, await body(request))))
+        return ok(host_of().begin(parse(StagePlan, await body(request))))
 
     async def chunk(request: Request) -> Response:
-        host.deliver(parse(ChunkReady, await body(request)))
+        host_of().deliver(parse(ChunkReady, await body(request)))
         return ok({"ok": True})
 
     async def release(request: Request) -> Response:
-        host.release(parse(StageRelease, await body(request)))
+        host_of().release(parse(StageRelease, await body(request)))
         return ok({"ok": True})
 
     return [Route("/v1/stage/begin", begin, methods=["POST"]),

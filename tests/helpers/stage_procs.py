@@ -45,7 +45,7 @@ def hosted(secret: str, transport: str) -> Iterator[Hosted]:
     try:
         host = StageHost(m, KVCache(m.namespace(BLOCK), 2 * blocks_for(TOKENS)), engine,
                          auth=signer(secret), max_tokens=2 * TOKENS, timeout=60.0)
-        server = Server(edge_app(stage_routes(host), guard=Gate(secret)), "127.0.0.1", 0,
+        server = Server(edge_app(stage_routes(lambda: host), guard=Gate(secret)), "127.0.0.1", 0,
                         "mooncake-stage-http").start()
         yield Hosted(host, f"http://127.0.0.1:{server.port}")
     finally:
