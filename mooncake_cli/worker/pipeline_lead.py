@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mooncake_cli.api.errors import ErrorCode, ServingError
-from mooncake_cli.api.schema import validate
 import torch
 
+from mooncake_cli.api.errors import ErrorCode, ServingError
+from mooncake_cli.api.schema import validate
 from mooncake_cli.engine import Sequence
 from mooncake_cli.engine.stages import StageRunner
 from mooncake_cli.worker.pipeline import (
@@ -74,7 +74,8 @@ def lead_prefill(host: StageHost, seq: Sequence, stages: list[str], ranges: list
     cache.ensure(seq.block_table, n_tok)
     table = seq.block_table
     whole = [(host.slice_at(b, cache.layers), cache.block_bytes) for b in table]
-    mine = host.claim(request_id, n_tok, whole, lead=True)  # the last stage's row, every stage's slices
+    # the last stage's row, every stage's slices
+    mine = host.claim(request_id, n_tok, whole, lead=True)
     begun: list[str] = []
     try:
         clock = time.perf_counter()
