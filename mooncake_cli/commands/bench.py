@@ -179,3 +179,7 @@ app.command("chaos")(bench_chaos.chaos)
 from mooncake_cli.commands import bench_scheduler  # noqa: E402
 
 app.command("scheduler")(bench_scheduler.scheduler)
+
+from mooncake_cli.commands import bench_pipeline  # noqa: E402
+
+app.command("pipeline")(bench_pipeline.pipeline)

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from mooncake_cli.bench import plot_scheduler, plot_serving, plot_storage, plots
+from mooncake_cli.bench import plot_pipeline, plot_scheduler, plot_serving, plot_storage, plots
 from mooncake_cli.output import Out
 
 FIGURES: dict[str, Callable[..., Any]] = {
@@ -16,7 +16,7 @@ FIGURES: dict[str, Callable[..., Any]] = {
     "store-policy": plot_storage.store_policy, "trace": plot_serving.trace,
     "burst": plot_serving.burst, "model": plot_serving.model, "workers": plot_serving.workers,
     "profile": plot_serving.profile, "scheduler": plot_scheduler.scheduler,
-    "chaos-serving": plot_serving.chaos_serving,
+    "chaos-serving": plot_serving.chaos_serving, "pipeline": plot_pipeline.pipeline,
 }
 
 

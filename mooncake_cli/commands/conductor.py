@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from mooncake_cli.commands import common as c
-from mooncake_cli.conductor.config import ConductorConfig
+from mooncake_cli.conductor.config import PIPELINE, ConductorConfig
 from mooncake_cli.config import help_of, load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
@@ -35,6 +35,9 @@ def start(
     block_size: int = _opt("--block-size", "block_size"),
     dtype: str = _opt("--dtype", "dtype"),
     policy: str = _opt("--policy", "policy"),
+    max_stages: int = _opt("--max-stages", "max_stages", "N"),
+    pipeline_chunk: int = _opt("--pipeline-chunk", "pipeline_chunk", "TOKENS"),
+    pipeline_min_gain: float = _opt("--pipeline-min-gain", "pipeline_min_gain", "FRACTION"),
     prefill: str = _opt("--prefill", "prefill"),
     decode: str = _opt("--decode", "decode"),
     registry: str = _opt("--registry", "registry", "etcd://HOST:PORT[/CLUSTER]"),
@@ -78,13 +81,18 @@ def start(
     out: Out = ctx.obj
     cfg = load(ConductorConfig, "conductor", config or out.config_file, host=host, port=port,
                model=model, served_model_name=served_model_name, block_size=block_size,
-               dtype=dtype, policy=policy, prefill=prefill, decode=decode, registry=registry,
+               dtype=dtype, policy=policy, max_stages=max_stages,
+               pipeline_chunk=pipeline_chunk, pipeline_min_gain=pipeline_min_gain,
+               prefill=prefill, decode=decode, registry=registry,
                peers=peers, peer_ttl=peer_ttl, request_timeout=request_timeout,
                max_migrations=max_migrations,
                ttft_slo=ttft_slo, max_queue=max_queue, prefill_depth=prefill_depth,
                tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed, api_key=api_key,
                audit_log=audit_log)
     tcfg = c.cluster_config(out, secret, secret_file)
+    if engine not in (None, "native") and cfg.policy == PIPELINE:
+        raise ConfigError(f"--policy {PIPELINE} runs pipeline stages on our engine's prefill "
+                          f"workers only; with --engine {engine} use kvcache-centric")
     if engine is not None and not local:
         raise ConfigError("--engine chooses the engine of the --local workers; workers started "
                           "on their own take it themselves (mooncake prefill --engine vllm)")

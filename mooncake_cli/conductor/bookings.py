@@ -147,8 +147,11 @@ class Bookings:
             self.metrics.add("evicted_blocks_total", len(evicted))
         model = self.scheduler.cluster.model
         if isinstance(model, OnlineCostModel):
-            t = answer.timing
-            model.observe_prefill(prompt - cached, t.compute, max(t.total - t.queue, 0.0))
+            t, piped = answer.timing, answer.pipeline
+            if piped is not None and piped.stages:  # its compute time is not one instance's
+                model.observe_handoff(prompt - cached, piped.handoff)
+            else:
+                model.observe_prefill(prompt - cached, t.compute, max(t.total - t.queue, 0.0))
 
     def _log(self, decision: Decision, queue: dict[str, Any] | None = None) -> None:
         if self._explain is not None:

@@ -22,7 +22,8 @@ from typing import Any
 from mooncake_cli.config import described
 from mooncake_cli.interfaces import ConfigError
 
-SIMULATOR_ONLY = ("kvcache-pipeline",)  # policies whose plans the live workers cannot run
+SIMULATOR_ONLY: tuple[str, ...] = ()  # policies whose plans the live workers cannot run
+PIPELINE = "kvcache-pipeline"  # the policy that spreads a prefill over stages (our engine's)
 
 
 def _urls(value: Any, name: str) -> tuple[str, ...]:
@@ -55,9 +56,17 @@ class ConductorConfig:
     served_model_name: str = described("", "the model name clients send (none: the model's id)")
     dtype: str = described("float32", "the workers' KV dtype (part of every block key)")
     block_size: int = described(16, "tokens per KV block; must match the workers'")
-    policy: str = described("kvcache-centric", "random, round-robin, least-load, cache-aware "
-                                               "or kvcache-centric; kvcache-pipeline is "
-                                               "simulator only (`mooncake bench trace`)")
+    policy: str = described("kvcache-centric", "random, round-robin, least-load, cache-aware, "
+                                               "kvcache-centric or kvcache-pipeline (a long "
+                                               "prefill may run as a pipeline of layer stages "
+                                               "on idle prefill workers: native engine only)")
+    max_stages: int = described(2, "kvcache-pipeline: prefill workers one pipelined prefill "
+                                   "may use at most, its lead included")
+    pipeline_chunk: int = described(2048, "kvcache-pipeline: prompt tokens per chunk handed "
+                                          "between stages; shorter prompts are not pipelined")
+    pipeline_min_gain: float = described(0.3, "kvcache-pipeline: the estimated TTFT gain "
+                                              "(a fraction) a pipeline must bring over the "
+                                              "best single worker")
     seed: int = described(0, "seed of the random policies")
     prefill: tuple[str, ...] = described((), "comma-separated prefill worker URLs (workers "
                                              "may also register themselves)")
@@ -131,7 +140,15 @@ class ConductorConfig:
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy '{self.policy}': use one of "
                               f"{', '.join(p for p in POLICIES if p not in SIMULATOR_ONLY)}")
-        if self.policy in SIMULATOR_ONLY:
-            raise ConfigError(f"policy '{self.policy}' is simulator only: workers do not run "
-                              "pipeline stages yet (use it with `mooncake bench trace`; live, "
-                              "use kvcache-centric)")
+        self.policy_options()  # ConfigError for an out-of-range pipeline option
+
+    def policy_options(self) -> dict[str, Any]:
+        """The policy's own options (kvcache-pipeline's), checked."""
+        if self.policy != PIPELINE:
+            return {}
+        from mooncake_cli.conductor.policy_ours import PipelinePolicy
+
+        PipelinePolicy(max_stages=self.max_stages, chunk_tokens=self.pipeline_chunk,
+                       min_gain=self.pipeline_min_gain)
+        return {"max_stages": self.max_stages, "chunk_tokens": self.pipeline_chunk,
+                "min_gain": self.pipeline_min_gain}

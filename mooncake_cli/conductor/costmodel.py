@@ -1,6 +1,6 @@
 """Cost models: how long a prefill, a decode step and a KV transfer take.
 
-A cost model answers four questions the scheduler asks (`CostModel`). Two implementations:
+A cost model answers five questions the scheduler asks (`CostModel`). Two implementations:
 
 - `AnalyticCostModel`: compute-bound prefill from FLOPs, memory-bound decode from bytes read.
   Prefill of `n` tokens of which the first `p` are cached costs
@@ -20,6 +20,7 @@ profile.json (schema "mooncake.profile/1"), all times in seconds::
       "block_tokens": 512,                   # tokens per KV block
       "kv_bytes_per_token": 12288,           # KV bytes one token occupies
       "bandwidth_bytes_per_s": 1.0e10,       # KV transfer rate between instances
+      "handoff_s_per_token": 2.0e-6,         # optional: a pipeline stage's hand-off (0)
       "prefill": [{"input_tokens": 2048, "cached_tokens": 0, "seconds": 0.41}, ...],
       "decode": [{"batch": 8, "context_tokens": 16384, "seconds": 0.031}, ...]
     }
@@ -60,6 +61,11 @@ class CostModel(Protocol):
         """Bytes per second between two instances."""
         ...
 
+    @property
+    def handoff_s_per_token(self) -> float:
+        """Seconds a pipeline stage spends handing one token's hidden state to the next."""
+        ...
+
     def prefill_time(self, n: int, p: int = 0) -> float:
         """Seconds to prefill `n` input tokens when the first `p` are cached."""
         ...
@@ -91,6 +97,11 @@ class AnalyticCostModel:
     kv_bytes_per_token: int = 320 * 1024
     bandwidth: float = 100e9
     block_tokens: int = 512
+    activation_bytes: int = 2  # per hidden unit handed between pipeline stages (bf16)
+
+    @property
+    def handoff_s_per_token(self) -> float:
+        return self.hidden * self.activation_bytes / self.bandwidth
 
     def __post_init__(self) -> None:
         if min(self.layers, self.hidden, self.block_tokens, self.kv_bytes_per_token) < 1:
@@ -135,6 +146,7 @@ class FittedCostModel:
     d_ctx: float
     c_chunk: float = 0.0  # per prefill chunk (a forward pass), when chunk_tokens is known
     chunk_tokens: int = 0
+    handoff_s_per_token: float = 0.0  # measured, when the profile has it
 
     def prefill_time(self, n: int, p: int = 0) -> float:
         p = min(max(p, 0), n)
@@ -217,8 +229,9 @@ def profile_model(doc: dict[str, Any], path: str = "profile") -> FittedCostModel
     if block < 1 or kv < 1 or bw <= 0:
         raise ConfigError(f"{path}: block_tokens, kv_bytes_per_token and "
                           "bandwidth_bytes_per_s must be > 0")
+    handoff = _field(doc, "handoff_s_per_token", path) if "handoff_s_per_token" in doc else 0.0
     name = f"profile: {doc.get('model', '?')} on {doc.get('device', '?')}"
-    return FittedCostModel(name, block, kv, bw, c0, cq, cl, d0, db, dc, cc, chunk)
+    return FittedCostModel(name, block, kv, bw, c0, cq, cl, d0, db, dc, cc, chunk, handoff)
 
 
 def load_profile(path: str) -> FittedCostModel:

@@ -22,6 +22,7 @@ class Candidate:
     prefill_s: float
     ttft_s: float
     stages: tuple[str, ...] = ()  # other instances running pipeline stages of this prefill
+    chunk_tokens: int = 0  # tokens per chunk handed between the stages (with stages)
 
     @property
     def prefix_blocks(self) -> int:
@@ -42,6 +43,7 @@ class Placement:
     policy: str
     chosen: Candidate
     candidates: tuple[Candidate, ...] = ()
+    single: Candidate | None = None  # when a pipeline is chosen: the best single instance
 
 
 @dataclass(frozen=True)

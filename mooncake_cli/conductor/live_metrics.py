@@ -36,6 +36,10 @@ COUNTERS = {
     "queue_full_total": "Requests refused with 503 because the wait queue was full.",
     "errors_total": "Requests that failed after scheduling.",
     "rerouted_total": "Requests placed again after an instance failed.",
+    "pipelined_total": "Prefills run as a pipeline of layer stages on several prefill "
+                       "instances (kvcache-pipeline).",
+    "pipeline_fallbacks_total": "Pipelined prefills that their lead ran alone because a stage "
+                                "was busy, failed or gone.",
     "prompt_tokens_total": "Prompt tokens prefilled.",
     "prefix_hit_tokens_total": "Prompt tokens whose KV was reused from the cache.",
     "completion_tokens_total": "Tokens streamed back to clients.",

@@ -5,8 +5,11 @@ Used by the live conductor when no profile.json is given. Prefill time is
 workers report (`observe_prefill`): per_token from the compute time, overhead from the rest of
 the time a request held the worker (reserving decode KV, loading and storing blocks, the last
 transfer); a decode step is the recent step time the decode workers
-report in their load (`observe_decode`). Until the first report the priors hold (1 ms per
-token, 20 ms per step), so the first decisions are sane and later ones follow the hardware.
+report in their load (`observe_decode`); a pipeline stage's hand-off per token is what the
+leads of pipelined prefills report (`observe_handoff`: the seconds they spent writing each
+chunk's hidden states to the next stage and telling it, over the tokens they computed).
+Until the first report the priors hold (1 ms per token, 20 ms per step, 20 µs per token
+handed off), so the first decisions are sane and later ones follow the hardware.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class OnlineCostModel:
     per_token_s: float = 1e-3
     overhead_s: float = 5e-3
     step_s: float = 0.02
+    handoff_s_per_token: float = 2e-5
     alpha: float = 0.2
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -46,6 +50,13 @@ class OnlineCostModel:
                 rest = service_s - self.per_token_s * computed_tokens
                 self.overhead_s += self.alpha * (max(rest, 0.0) - self.overhead_s)
 
+    def observe_handoff(self, tokens: int, seconds: float) -> None:
+        """A pipeline's lead handed `tokens` tokens to its next stage in `seconds`."""
+        if tokens >= 1 and seconds >= 0:
+            with self._lock:
+                per = seconds / tokens
+                self.handoff_s_per_token += self.alpha * (per - self.handoff_s_per_token)
+
     def observe_decode(self, step_seconds: float) -> None:
         if step_seconds > 0:
             with self._lock:
@@ -53,4 +64,5 @@ class OnlineCostModel:
 
     def to_dict(self) -> dict[str, float | str]:
         return {"name": self.name, "per_token_s": self.per_token_s,
-                "overhead_s": self.overhead_s, "step_s": self.step_s}
+                "overhead_s": self.overhead_s, "step_s": self.step_s,
+                "handoff_s_per_token": self.handoff_s_per_token}

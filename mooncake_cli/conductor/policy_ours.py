@@ -10,6 +10,7 @@ from mooncake_cli.conductor.estimate import Candidate, Placement
 from mooncake_cli.conductor.policies import KVCacheCentricPolicy
 from mooncake_cli.conductor.prefix_match import PrefixMatch
 from mooncake_cli.conductor.state import Cluster, InstanceState, Request
+from mooncake_cli.interfaces import ConfigError
 
 
 def pipeline_time(model: CostModel, n: int, p: int, stages: int, chunk: int) -> float:
@@ -18,12 +19,15 @@ def pipeline_time(model: CostModel, n: int, p: int, stages: int, chunk: int) -> 
 
     Per chunk every stage takes the same time and later chunks take longer (attention grows
     with position), so this proportionate flow shop ends after the sum of the chunk times of
-    one stage plus `stages - 1` times the longest (the last) chunk."""
+    one stage plus `stages - 1` times the longest (the last) chunk. Hand-offs lie on the same
+    path: the lead hands every token on, and the last chunk crosses `stages - 1` of them
+    (the cost model's `handoff_s_per_token`, which the live conductor learns)."""
     if n <= p:
         return 0.0
     last_start = max(p, n - chunk)
     total = model.prefill_time(n, p) / stages
-    return total + (stages - 1) * model.prefill_time(n, last_start) / stages
+    handoff = model.handoff_s_per_token * ((n - p) + (stages - 1) * (n - last_start))
+    return total + (stages - 1) * model.prefill_time(n, last_start) / stages + handoff
 
 
 def best_stages(cluster: Cluster, req: Request, lead: str, have: int, best: int, src: str,
@@ -41,7 +45,7 @@ def best_stages(cluster: Cluster, req: Request, lead: str, have: int, best: int,
         pre = pipeline_time(model, req.input_tokens, got, k, chunk)
         cand = Candidate(lead, 0.0, have, best if src != lead else 0,
                          src if src != lead else None, xfer, pre, xfer + pre,
-                         tuple(others[:k - 1]))
+                         tuple(others[:k - 1]), chunk)
         if top is None or cand.ttft_s < top.ttft_s:
             top = cand
     return top
@@ -69,6 +73,10 @@ class PipelinePolicy(KVCacheCentricPolicy):
 
     def __init__(self, seed: int = 0, threshold: float = 1.0, max_stages: int = 2,
                  chunk_tokens: int = 2048, min_gain: float = 0.3, reserve: int = 0) -> None:
+        if max_stages < 1 or chunk_tokens < 1 or not 0 <= min_gain < 1 or reserve < 0:
+            raise ConfigError(f"kvcache-pipeline needs max_stages >= 1 (got {max_stages}), "
+                              f"chunk_tokens >= 1 ({chunk_tokens}), 0 <= min_gain < 1 "
+                              f"({min_gain}) and reserve >= 0 ({reserve})")
         super().__init__(seed, threshold)
         self.max_stages, self.chunk, self.min_gain = max_stages, chunk_tokens, min_gain
         self.reserve = reserve
@@ -82,15 +90,16 @@ class PipelinePolicy(KVCacheCentricPolicy):
         else:  # Algorithm 1's choice, scoring only instances that can win
             cands, best = [], best_candidate(cluster, req, now, self.threshold)
         piped = self._pipeline(req, cluster, now, match)
+        single = None
         if piped is not None:
             chosen = piped.ttft_s < best.ttft_s * (1 - self.min_gain)
             if piped.fetch_from == "" and (chosen or explain):  # named only when needed
                 piped = dataclasses.replace(piped, fetch_from=match.source())
             if chosen:
-                best = piped
+                single, best = best, piped
             if explain or chosen:
                 cands.append(piped)
-        return Placement(self.name, best, tuple(cands) if explain else ())
+        return Placement(self.name, best, tuple(cands) if explain else (), single)
 
     def _idle(self, cluster: Cluster, now: float,
               match: PrefixMatch) -> tuple[InstanceState | None, list[InstanceState]]:

@@ -31,12 +31,13 @@ POLICIES: Mapping[str, type] = MappingProxyType({p.name: p for p in (
     PipelinePolicy)})
 
 
-def make_policy(name: str, seed: int = 0) -> Policy:
-    """A policy by name; ConfigError lists the known names."""
+def make_policy(name: str, seed: int = 0, options: Mapping[str, Any] | None = None) -> Policy:
+    """A policy by name, with its own `options` (keyword arguments of its class); ConfigError
+    lists the known names."""
     cls = POLICIES.get(name)
     if cls is None:
         raise ConfigError(f"unknown policy '{name}': use one of {', '.join(POLICIES)}")
-    policy: Policy = cls(seed=seed)
+    policy: Policy = cls(seed=seed, **(options or {}))
     return policy
 
 
@@ -82,7 +83,18 @@ class Decision:
                 "reason": self.reason, "retry_after_s": self.retry_after_s,
                 "prefill": self.placement.chosen.to_dict(), "decode": self.decode,
                 "est_tbt_s": tbt,
-                "candidates": [c.to_dict() for c in self.placement.candidates]}
+                "candidates": [c.to_dict() for c in self.placement.candidates],
+                **self._pipeline()}
+
+    def _pipeline(self) -> dict[str, Any]:
+        """A pipelined prefill's stages, chunk and both estimates (pipelined, best single)."""
+        chosen, single = self.placement.chosen, self.placement.single
+        if not chosen.stages:
+            return {}
+        return {"pipeline": {"lead": chosen.instance, "stages": list(chosen.stages),
+                             "chunk_tokens": chosen.chunk_tokens,
+                             "ttft_s": round(chosen.ttft_s, 6),
+                             "single": single.to_dict() if single is not None else None}}
 
 
 @dataclass

@@ -81,7 +81,7 @@ class ConductorService:
         on_step = cost.observe_decode if isinstance(cost, OnlineCostModel) else None
         instances = Instances(cluster, cfg.instance_ttl, cfg.block_size, on_decode_step=on_step)
         slo = Slo(cfg.ttft_slo or None, cfg.tbt_slo or None)
-        scheduler = Scheduler(cluster, make_policy(cfg.policy, cfg.seed), slo,
+        scheduler = Scheduler(cluster, make_policy(cfg.policy, cfg.seed, cfg.policy_options()), slo,
                               grow_decode=True, prefill_depth=cfg.prefill_depth)
         metrics = ConductorMetrics(cluster.index.blocks)
         self.conductor = Conductor(model, scheduler, instances, metrics,
