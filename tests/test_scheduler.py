@@ -9,6 +9,7 @@ import random
 import pytest
 
 from mooncake_cli.conductor.costmodel import paper, transfer_time
+from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.policy_ours import PipelinePolicy, pipeline_time
 from mooncake_cli.conductor.scheduler import POLICIES, Scheduler, Slo, make_policy
 from mooncake_cli.conductor.state import Cluster, Request
@@ -185,8 +186,11 @@ def test_commit_books_queue_and_decode() -> None:
 def test_pipeline_time_and_policy() -> None:
     m = paper()
     n = 64 * BLOCK
-    assert pipeline_time(m, n, 0, 1, 2048) == pytest.approx(m.prefill_time(n))
-    assert pipeline_time(m, n, 0, 4, n) == pytest.approx(m.prefill_time(n))  # one chunk
+    hand = m.handoff_s_per_token
+    assert hand > 0
+    assert pipeline_time(m, n, 0, 1, 2048) == pytest.approx(m.prefill_time(n))  # no hand-off
+    # one chunk: the stages run one after the other; the lead hands it on, then 3 stages do
+    assert pipeline_time(m, n, 0, 4, n) == pytest.approx(m.prefill_time(n) + 4 * n * hand)
     assert pipeline_time(m, n, 0, 2, 2048) < 0.6 * m.prefill_time(n)
     c = cluster(prefill=4)
     long = request(64)
@@ -201,6 +205,18 @@ def test_pipeline_time_and_policy() -> None:
     for inst in c.prefill:
         inst.busy_until = 1.0
     assert sched.schedule(long, 0.0).placement.chosen.stages == ()  # nobody idle
+
+
+def test_online_cost_model_learns_the_stage_hand_off() -> None:
+    m = OnlineCostModel(block_tokens=BLOCK, kv_bytes_per_token=1024, bandwidth=1e9)
+    prior = m.handoff_s_per_token
+    before = pipeline_time(m, 4096, 0, 2, 1024)
+    for _ in range(40):  # leads report 1 ms per token handed on: 50 times the prior
+        m.observe_handoff(1000, 1.0)
+    assert m.handoff_s_per_token == pytest.approx(1e-3, rel=1e-3) and prior < 1e-4
+    assert pipeline_time(m, 4096, 0, 2, 1024) > before + 4.0  # 5120 tokens handed on
+    m.observe_handoff(0, 1.0)  # nothing handed on: nothing learned
+    assert m.handoff_s_per_token == pytest.approx(1e-3, rel=1e-3)
 
 
 def test_unknown_policy_and_empty_cluster() -> None:

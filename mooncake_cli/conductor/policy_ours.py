@@ -26,7 +26,8 @@ def pipeline_time(model: CostModel, n: int, p: int, stages: int, chunk: int) -> 
         return 0.0
     last_start = max(p, n - chunk)
     total = model.prefill_time(n, p) / stages
-    handoff = model.handoff_s_per_token * ((n - p) + (stages - 1) * (n - last_start))
+    handoff = model.handoff_s_per_token * ((n - p) + (stages - 1) * (n - last_start)) \
+        if stages > 1 else 0.0
     return total + (stages - 1) * model.prefill_time(n, last_start) / stages + handoff
 
 
