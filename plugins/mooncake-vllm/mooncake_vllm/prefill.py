@@ -87,7 +87,11 @@ class VllmPrefill(VllmWorker):
             stored_keys=block_keys(tokens, self.ns)[cached // bs:len(tokens) // bs],
             timing=roles.PrefillTiming(transfer=round(handed - t0, 6),
                                        compute=round(end - handed, 6), total=round(end - t0, 6)),
-            token_ids=tokens if req.token_ids is None else None)
+            token_ids=tokens if req.token_ids is None else None,
+            pipeline=None if req.pipeline is None else roles.PipelineReport(
+                chunk_tokens=req.pipeline.chunk_tokens,
+                fallback="vLLM workers run no pipeline stages (kvcache-pipeline is our "
+                         "engine's): the prefill ran on this worker alone"))
 
     async def _hand_off(self, req: roles.PrefillRequest, num_tokens: int, transfer: str) -> None:
         """What the decode worker's vLLM pulls the KV with; ServingError as a native
