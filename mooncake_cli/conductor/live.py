@@ -30,9 +30,9 @@ from mooncake_cli.auth import Signer
 from mooncake_cli.conductor import answers
 from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.decoding import Decoding, Placed
-from mooncake_cli.conductor.estimate import Candidate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
+from mooncake_cli.conductor.pipelines import Pipelines
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Request
@@ -66,6 +66,7 @@ class Conductor:
         metrics.queue_length = lambda: len(self.queue)
         self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
         self.decoding = Decoding(self, max_migrations, model.eos_token_ids)
+        self.pipelines = Pipelines(instances, metrics, self.decoding.alive)
 
     @property
     def peer(self) -> AsyncPeer:
@@ -175,7 +176,8 @@ class Conductor:
                 self.bookings.release_decode(decision.decode, sreq)
                 raise ServingError(ErrorCode.UPSTREAM_MALFORMED, f"prefill on {pname} "
                                    f"answered a malformed body: {e}") from None
-            await self._pipelined(decision, answer)
+            await self.pipelines.done(decision.request, decision.placement.chosen,
+                                      answer.pipeline)
             return Placed(decision, purl, durl, answer)
         raise ServingError(ErrorCode.UPSTREAM_FAILED, f"no instance could take the request "
                            f"(tried {', '.join(tried)})")
@@ -228,7 +230,7 @@ class Conductor:
             request_id=rid, token_ids=ids, decode=durl, sampling=req.sampling,
             # reuse only what the instance holds, unless the policy chose to fetch
             reuse="any" if anywhere or chosen.fetch_blocks > chosen.local_blocks else "local",
-            pipeline=self._pipeline(chosen))
+            pipeline=self.pipelines.request(chosen))
         try:
             ans = await self.peer.call(purl + "/v1/prefill", body.model_dump_json().encode(),
                                        timeout_s=self.timeout)
@@ -238,35 +240,6 @@ class Conductor:
             self.metrics.add("rerouted_total")
             tried.append(pname)
             return None, purl, durl
-
-    def _pipeline(self, chosen: Candidate) -> roles.Pipeline | None:
-        """The stages of a pipelined placement as the lead is told them; None when it runs
-        alone (not pipelined, or a stage left the registry meanwhile)."""
-        if not chosen.stages:
-            return None
-        try:
-            urls = [self.instances.url(name) for name in chosen.stages]
-        except KeyError:
-            return None
-        return roles.Pipeline(stages=urls, chunk_tokens=chosen.chunk_tokens or 2048)
-
-    async def _pipelined(self, decision: Decision, answer: roles.PrefillAnswer) -> None:
-        """Count a pipelined prefill; when its lead ran it alone, a stage that no longer
-        answers /health is marked dead (a busy one is not)."""
-        report, stages = answer.pipeline, decision.placement.chosen.stages
-        if report is None or not stages:
-            return
-        if not report.fallback:
-            self.metrics.add("pipelined_total")
-            return
-        self.metrics.add("pipeline_fallbacks_total")
-        log.info("pipelined prefill %s ran alone: %s", decision.request, report.fallback)
-        for name in stages:
-            try:
-                url = self.instances.url(name)
-            except KeyError:
-                continue
-            await self.decoding.alive(name, url, f"pipeline stage failed: {report.fallback}")
 
     async def close_peer(self) -> None:
         """Close the running loop's pooled client."""
