@@ -7,7 +7,6 @@ from __future__ import annotations
 import resource
 import socket
 import struct
-import time
 from collections.abc import Iterator
 
 import msgspec
@@ -22,7 +21,7 @@ from mooncake_cli.store.wire.fastlane import Lane, lane_name
 from mooncake_cli.transfer import wire
 from mooncake_cli.transfer.batch import Op
 from mooncake_cli.transfer.engine import TransferEngine
-from tests.conftest import start_target
+from tests.conftest import start_target, wait_for
 from tests.helpers.store_procs import Proc, start_master
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,6 +53,24 @@ def flood(port: int, n: int = FLOOD) -> list[socket.socket]:
     return socks
 
 
+def greeted(s: socket.socket) -> bool:
+    """Whether the listener has accepted `s` and sent it its HELLO (left unread)."""
+    try:
+        return len(s.recv(wire.HELLO.size, socket.MSG_PEEK)) == wire.HELLO.size
+    except BlockingIOError:
+        return False
+
+
+def wait_greeted(socks: list[socket.socket], timeout: float = 60.0) -> None:
+    """Wait until the listener has taken in every one of `socks`: each has its HELLO."""
+    left = list(socks)
+
+    def all_greeted() -> bool:
+        left[:] = [s for s in left if not greeted(s)]
+        return not left
+    wait_for(all_greeted, timeout, what=f"a HELLO on each of {len(socks)} flooding sockets")
+
+
 def round_trip(eng: TransferEngine, segment: str, offset: int) -> None:
     local = eng.register(bytearray(b"\x33" * MiB))
     eng.transfer(Op.WRITE, local, 0, segment, offset, MiB, timeout=20)
@@ -69,7 +86,7 @@ def test_idle_flood_of_the_transfer_target(secret: str | None) -> None:
     try:
         threads0, rss0 = status(t.pid)
         socks = flood(int(t.address.rpartition(":")[2]))
-        time.sleep(2)
+        wait_greeted(socks)  # the whole flood is in before the real client comes
         round_trip(eng, t.segment, t.offset)  # a real client is served at once
         threads, rss = status(t.pid)
         print(f"secret={bool(secret)}: threads {threads0} -> {threads}, "
@@ -96,8 +113,10 @@ def test_a_torn_write_to_a_real_target_leaves_its_memory_untouched() -> None:
         s.sendall(wire.prove(SECRET, nonce))
         assert wire.recv_exact(s, 1) == b"\x00"
         s.sendall(wire.REQUEST.pack(wire.OP_WRITE, 0, 0, 1, t.offset, 64 << 10) + b"\xff" * 4096)
-        s.close()  # cut short after one page of 16
-        time.sleep(0.5)
+        s.shutdown(socket.SHUT_WR)  # cut short after one page of 16
+        s.settimeout(30)
+        assert s.recv(1) == b"", "the target answered a torn write"  # it hung up: done with it
+        s.close()
         back = eng.register(bytearray(64 << 10))
         eng.transfer(Op.READ, back, 0, t.segment, t.offset, 64 << 10)
         assert back.view is not None and bytes(back.view) == b"\x33" * (64 << 10)
@@ -167,13 +186,15 @@ def test_the_lane_takes_no_frame_before_the_secret(master: Proc) -> None:
 def test_an_unauthenticated_lane_flood_does_not_lock_clients_out(master: Proc) -> None:
     address = str(master.ready["address"])
     threads0, _ = status(master.proc.pid)
-    socks = []
+    socks: list[socket.socket] = []
+    queued: list[socket.socket] = []  # those in the backlog (connected)
     for _ in range(FLOOD):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.setblocking(False)
-        s.connect_ex(lane_name(address))
+        if s.connect_ex(lane_name(address)) == 0:  # else EAGAIN: the backlog was full
+            queued.append(s)
         socks.append(s)
-    time.sleep(1)
+    wait_greeted(queued)  # every connection that got in has been taken in by the gate
     lane = Lane(address, SECRET.encode(), 5)
     assert lane.call(protocol.Exists("nothing"), bool) is False
     threads, _ = status(master.proc.pid)
