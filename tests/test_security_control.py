@@ -26,11 +26,14 @@ import pytest
 import zmq
 
 from mooncake_cli import jsonhttp
-from mooncake_cli.auth import Signer
+from mooncake_cli.auth import Signer, sign_record
+from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.store.wire import protocol
 from mooncake_cli.store.wire.rpc import MasterConnection
+from mooncake_cli.worker.config import WorkerConfig
 from tests.conftest import wait_for
 from tests.helpers.procs import jsonl
+from tests.helpers.sockets import wait_hung_up, wait_read
 from tests.helpers.store_procs import REPO, read_line
 
 pytestmark = pytest.mark.timeout(300)
@@ -66,12 +69,14 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _wait_registered(url: str, names: set[str], timeout: float = 60) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The conductor's instances once every one of `names` is among the live ones."""
+    def listed() -> list[dict[str, Any]] | None:
         got = httpx.get(url + "/v1/instances", headers=BEARER).json().get("instances", [])
-        if {i["name"] for i in got if i["alive"]} >= names or time.monotonic() > deadline:
-            return list(got)
-        time.sleep(0.2)
+        return list(got) if {i["name"] for i in got if i["alive"]} >= names else None
+
+    got = wait_for(listed, timeout, what=f"{sorted(names)} to be registered")
+    assert isinstance(got, list)
+    return got
 
 
 @pytest.fixture(scope="module")
@@ -196,12 +201,14 @@ def test_10000_idle_connections_leave_room_for_requests(roles, target: str) -> N
     half of that are closed, oldest first, so requests are still served."""
     pid = roles["decode_pid" if target == "decode" else "conductor_pid"]
     host, port, _ = jsonhttp.split(roles[target])
+    limit = WorkerConfig.max_connections if target == "decode" else \
+        ConductorConfig.max_connections
     rss, threads = _rss(pid), _threads(pid)
     socks = []
     try:
         for _ in range(10_000):
             socks.append(socket.create_connection((host, port), timeout=10))
-        time.sleep(1)
+        wait_hung_up(socks, 10_000 - limit // 2)  # all taken in: the oldest beyond half closed
         if target == "decode":
             ans = jsonhttp.call(roles["decode"] + "/v1/load", auth=Signer(SECRET), timeout=10)
             assert ans.status == 200, ans.body
@@ -297,7 +304,7 @@ def test_stalled_bodies_do_not_grow_the_conductor(local) -> None:
                 if sent[w] >= size:
                     sel.unregister(w)
                     del sent[w]
-        time.sleep(1)
+        wait_read(port, socks)  # all it was sent is in the conductor (or dropped by it)
         grown = _rss(local["pid"]) - before
         done = jsonhttp.call(local["url"] + "/v1/completions", BODY, timeout=60)
         assert done.status == 200, done.body
@@ -355,11 +362,9 @@ def test_etcd_registrations_are_signed(etcd: str) -> None:
     """With the secret, the conductor ignores registrations written into etcd by anyone else."""
     import etcd3gw
 
-    from mooncake_cli.conductor.config import ConductorConfig
     from mooncake_cli.conductor.etcd_registry import PREFIX, parse
     from mooncake_cli.conductor.service import ConductorService
     from mooncake_cli.config import TransferConfig
-    from mooncake_cli.worker.config import WorkerConfig
     from mooncake_cli.worker.decode import DecodeWorker
 
     registry = etcd + "/signed"
@@ -373,15 +378,16 @@ def test_etcd_registrations_are_signed(etcd: str) -> None:
     client.put(PREFIX + "signed/fake", json.dumps(fake))
     client.put(PREFIX + "signed/forged", json.dumps({**fake, "name": "forged", "mac": "00",
                                                      "signed_at": time.time()}))
+    # written after the two above (and its key sorts after theirs): the conductor takes the
+    # prefix's keys in order, so once it lists the marker it has decided on both
+    marker = {"name": "marker", "role": "prefill", "url": "http://127.0.0.1:9"}
+    client.put(PREFIX + "signed/marker", json.dumps(sign_record(SECRET, marker)))
+
+    def seen() -> set[str]:
+        return {i["name"] for i in httpx.get(svc.url + "/v1/instances").json()["instances"]}
     try:
-        deadline = time.monotonic() + 15
-        seen: set[str] = set()
-        while time.monotonic() < deadline and "d" not in seen:
-            seen = {i["name"] for i in httpx.get(svc.url + "/v1/instances").json()["instances"]}
-            time.sleep(0.2)
-        time.sleep(0.6)  # three more polls
-        seen = {i["name"] for i in httpx.get(svc.url + "/v1/instances").json()["instances"]}
-        assert seen == {"d"}
+        wait_for(lambda: {"d", "marker"} <= seen(), 15, what="d and the marker to register")
+        assert seen() == {"d", "marker"}
         assert "mac" in json.loads(client.get(PREFIX + "signed/d")[0])
     finally:
         client.delete_prefix(PREFIX + "signed/")
@@ -407,9 +413,8 @@ def test_secret_file(tmp_path: Path) -> None:
     assert resolve_secret("flag", None) == "flag" and resolve_secret(None, None) == ""
 
 
-def test_a_restarted_worker_gets_its_name_back() -> None:
+def test_a_restarted_worker_gets_its_name_back(caplog: pytest.LogCaptureFixture) -> None:
     """The name is free again once its registrant deregisters (or is dropped as silent)."""
-    from mooncake_cli.conductor.config import ConductorConfig
     from mooncake_cli.conductor.service import ConductorService
     from mooncake_cli.worker.registration import Registrar
 
@@ -421,11 +426,10 @@ def test_a_restarted_worker_gets_its_name_back() -> None:
     first = Registrar(svc.url, body("http://127.0.0.1:7001"), 0.1, auth=Signer(SECRET)).start()
     second = Registrar(svc.url, body("http://127.0.0.1:7002"), 0.1, auth=Signer(SECRET))
     try:
-        deadline = time.monotonic() + 10
-        while first.registered == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: first.registered > 0, 10, what="the first registration")
         second.start()
-        time.sleep(0.5)
+        wait_for(lambda: any("answered 403" in r.getMessage() for r in caplog.records), 10,
+                 what="the second registrant to be refused")
         assert first.registered > 0 and second.registered == 0  # 403 while first holds it
 
         def url_of_w() -> str | None:
@@ -434,9 +438,7 @@ def test_a_restarted_worker_gets_its_name_back() -> None:
 
         assert url_of_w() == "http://127.0.0.1:7001"
         first.close("w")  # deregisters
-        deadline = time.monotonic() + 10
-        while second.registered == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: second.registered > 0, 10, what="the second registration")
         assert url_of_w() == "http://127.0.0.1:7002"
     finally:
         second.close("w")
