@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mooncake_cli.bench.sim_batch import BatchInstance
@@ -129,11 +129,13 @@ class Replay:
 
 def disaggregated(reqs: list[TraceRequest], policy: str, model: CostModel, cfg: SimConfig,
                   progress: Progress | None = None,
-                  explain: Explain | None = None) -> tuple[list[SimRecord], list[float]]:
-    """Prefill instances under `policy`, decode instances picked by the scheduler."""
+                  explain: Explain | None = None, options: Mapping[str, Any] | None = None
+                  ) -> tuple[list[SimRecord], list[float]]:
+    """Prefill instances under `policy` (built with its own `options`, as the live conductor's
+    `ConductorConfig.policy_options()`), decode instances picked by the scheduler."""
     loop = EventLoop()
     cluster = Cluster(model)
-    sched = Scheduler(cluster, make_policy(policy, cfg.seed), cfg.slo())
+    sched = Scheduler(cluster, make_policy(policy, cfg.seed, options), cfg.slo())
     decoders: dict[str, BatchInstance] = {}
     for j in range(cfg.decode):
         state = cluster.add(f"d{j:04d}", "decode")

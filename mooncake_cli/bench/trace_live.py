@@ -4,8 +4,9 @@ Token ids are synthesised so that equal hash ids give equal token blocks: block 
 becomes `block_tokens` ids drawn from xxh64(seed, h, i) (a tiny model on a CPU cannot take the
 trace's 512-token blocks, so `block_tokens` scales every request down). Requests are sent at
 their (scaled) arrival times with streaming on; TTFT is the time to the first streamed token,
-a request's TBT is the mean of its longest 10% token gaps (the paper's definition), and the
-prefix-hit ratio is read from the conductor's metrics (tokens the prefill workers reused).
+a request's TBT is the mean of its longest 10% token gaps (the paper's definition); the
+prefix-hit ratio (tokens the prefill workers reused) and the prefills run as pipelines are
+read from the conductor's metrics.
 """
 
 from __future__ import annotations
@@ -47,10 +48,29 @@ class ReplayConfig:
             raise ConfigError("vocab must be >= 2")
 
 
+def prompt_length(req: TraceRequest, cfg: ReplayConfig) -> int:
+    """Tokens of `req`'s synthesised prompt: its length scaled, cut at `max_input`."""
+    return min(cfg.max_input, max(1, math.ceil(req.input_tokens * cfg.block_tokens /
+                                               TRACE_BLOCK_TOKENS)))
+
+
+def long_prompts(reqs: list[TraceRequest], cfg: ReplayConfig,
+                 min_input: int) -> list[TraceRequest]:
+    """The requests whose synthesised prompt has at least `min_input` tokens (their arrival
+    times unchanged); ConfigError when none has."""
+    if min_input < 0:
+        raise ConfigError(f"--min-input must be >= 0 tokens, not {min_input}")
+    kept = [r for r in reqs if prompt_length(r, cfg) >= min_input]
+    if not kept:
+        raise ConfigError(f"no request of the {len(reqs)} read has a prompt of {min_input} "
+                          f"tokens or more (at --block-tokens {cfg.block_tokens}, --max-input "
+                          f"{cfg.max_input}): raise --limit or lower --min-input")
+    return kept
+
+
 def synthesise(req: TraceRequest, cfg: ReplayConfig) -> list[int]:
     """The prompt of `req`: its blocks' ids, scaled to `block_tokens` per 512-token block."""
-    n = min(cfg.max_input, max(1, math.ceil(req.input_tokens * cfg.block_tokens /
-                                            TRACE_BLOCK_TOKENS)))
+    n = prompt_length(req, cfg)
     ids: list[int] = []
     for h in req.hash_ids:
         if len(ids) >= n:
@@ -115,9 +135,14 @@ def _metric(text: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _hits(url: str) -> tuple[float, float]:
+COUNTERS = ("prefix_hit_tokens_total", "prompt_tokens_total", "pipelined_total",
+            "pipeline_fallbacks_total")
+
+
+def _counters(url: str) -> dict[str, float]:
+    """The conductor's COUNTERS, from its /metrics."""
     text = jsonhttp.call(url + "/metrics").body.get("text", "")
-    return _metric(text, "prefix_hit_tokens_total"), _metric(text, "prompt_tokens_total")
+    return {name: _metric(text, name) for name in COUNTERS}
 
 
 def hit_over_time(outcomes: list[Outcome], bins: int = 20) -> list[dict[str, float]]:
@@ -144,7 +169,7 @@ def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
         raise ConfigError(f"{url} is not an OpenAI-compatible server (GET /v1/models "
                           f"answered {models.status})")
     model = models.body["data"][0]["id"]
-    hit0, prompt0 = _hits(url)
+    before = _counters(url)
     outcomes: list[Outcome] = []
     lock, done = threading.Lock(), [0]
     t0 = time.monotonic()
@@ -166,7 +191,7 @@ def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
     with ThreadPoolExecutor(max_workers=cfg.concurrency) as pool:
         outcomes = list(pool.map(one, reqs))
     wall = time.monotonic() - t0
-    hit1, prompt1 = _hits(url)
+    got = {k: v - before[k] for k, v in _counters(url).items()}
     ok = [o for o in outcomes if o.status == 200]
     ttft = [o.ttft for o in ok if o.ttft is not None]
     tbt = [t for t in (o.tbt() for o in ok) if t is not None]
@@ -176,12 +201,15 @@ def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
                                         and o.ttft <= cfg.ttft_threshold
                                         and (o.tbt() or 0.0) <= lim)
                 for lim in cfg.tbt_thresholds}
-    prompt = prompt1 - prompt0
+    prompt = got["prompt_tokens_total"]
     return {"requests": len(reqs), "served": len(ok),
             "rejected_429": sum(1 for o in outcomes if o.status == 429),
             "errors": sum(1 for o in outcomes if o.status not in (200, 429)),
             "first_error": next((o.error for o in outcomes if o.error), None),
             "ttft_s": spread(ttft), "tbt_s": spread(tbt),
-            "prefix_hit_ratio": round((hit1 - hit0) / prompt, 4) if prompt else 0.0,
+            "prefix_hit_ratio": round(got["prefix_hit_tokens_total"] / prompt, 4)
+            if prompt else 0.0,
+            "pipelined": int(got["pipelined_total"]),
+            "pipeline_fallbacks": int(got["pipeline_fallbacks_total"]),
             "capacity": capacity, "hit_over_time": hit_over_time(outcomes),
             "wall_s": round(wall, 2)}

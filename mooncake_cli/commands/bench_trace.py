@@ -104,22 +104,44 @@ def trace(
                               "[1, vocab)."),
     kv_blocks: int = typer.Option(None, "--kv-blocks", help="Live, --local: KV blocks per "
                                   "worker [default: 512]."),
+    min_input: int = typer.Option(0, "--min-input", metavar="TOKENS", help="Live: replay only "
+                                  "the requests (of the first --limit) whose synthesised "
+                                  "prompt has at least TOKENS tokens, at their own arrival "
+                                  "times."),
+    threads: int = typer.Option(0, "--threads", help="Live, --local: torch threads of each "
+                                "worker (0: torch's default)."),
+    max_stages: int = typer.Option(2, "--max-stages", metavar="N", help="Live, --local: "
+                                   "kvcache-pipeline's prefill workers per pipelined prefill "
+                                   "at most, its lead included."),
+    pipeline_chunk: int = typer.Option(2048, "--pipeline-chunk", metavar="TOKENS",
+                                       help="Live, --local: kvcache-pipeline's prompt tokens "
+                                       "per chunk between stages; shorter prompts are not "
+                                       "pipelined."),
+    pipeline_min_gain: float = typer.Option(0.3, "--pipeline-min-gain", metavar="FRACTION",
+                                            help="Live, --local: the estimated TTFT gain (a "
+                                            "fraction) a pipeline must bring over the best "
+                                            "single worker."),
 ) -> None:
     """Replay a trace: --simulate runs the scheduler against simulated instances (TTFT and TBT
     percentiles, prefix-hit ratio and its infinite-cache ceiling, 429s and effective request
     capacity per policy, next to colocated vLLM-like baselines); --url or --local replays it
-    against a live conductor through the OpenAI API."""
+    against a live conductor through the OpenAI API. With --local and both kvcache-centric and
+    kvcache-pipeline in --policy, the simulator also runs the same requests on the same cluster
+    with the cost model the kvcache-centric run learned: kvcache-pipeline's predicted and live
+    gains in mean TTFT, side by side."""
     out: Out = ctx.obj
     if not simulate_:
         if not (url or local):
             raise ConfigError("give --simulate, --url URL (a running conductor) or --local P,D")
         from mooncake_cli.bench.trace_live import ReplayConfig
-        from mooncake_cli.commands.bench_trace_live import run_live
+        from mooncake_cli.commands.bench_trace_live import LocalSetup, run_live
 
         rcfg = ReplayConfig(block_tokens=block_tokens, max_input=max_input,
                             max_output=max_output, vocab=vocab, seed=seed or 0)
+        setup = LocalSetup(kv_blocks=kv_blocks or 512, threads=threads, max_stages=max_stages,
+                           pipeline_chunk=pipeline_chunk, pipeline_min_gain=pipeline_min_gain)
         run_live(out, trace_file, url, local, model, policy, time_scale or 1.0, limit, rcfg,
-                 kv_blocks, plot)
+                 setup, plot, min_input)
         return
     if preset is None and profile:
         preset = "none"
