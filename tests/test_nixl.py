@@ -17,6 +17,7 @@ import pytest
 from mooncake_cli.interfaces import SegmentDescriptor, Slice
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
+from tests.conftest import wait_for
 
 T = "mooncake.transports"
 MiB = 1 << 20
@@ -72,17 +73,17 @@ def test_an_agent_no_peer_knows_makes_no_idle_progress_until_described(make_engi
     tgt = make_engine()  # p2p: its descriptor leaves only by DESCRIBE
     ep = tgt.endpoints.by_name["nixl"]
     region = tgt.allocate(MiB)
-    time.sleep(0.3)  # 60 pumps' worth
-    assert ep.idle_pumps == 0
+    shown = make_engine().endpoints.by_name["nixl"]  # the control: one that may be known
+    shown.shown()
+    wait_for(lambda: shown.idle_pumps >= 60, 30, what="60 idle pumps of a shown agent")
+    assert ep.idle_pumps == 0  # while another agent pumped 60 times, this one made none
     eng = make_engine(transport="nixl")
     data = os.urandom(MiB)
     src = eng.register(bytearray(data))
     assert eng.transfer(Op.WRITE, src, 0, tgt.name, region.base, MiB).state is State.COMPLETED
     assert bytes(region.view) == data
-    deadline = time.monotonic() + 5
-    while ep.idle_pumps == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ep.idle_pumps > 0  # described to a peer: it progresses its wire-up from then on
+    # described to a peer: it progresses its wire-up from then on
+    wait_for(lambda: ep.idle_pumps > 0, 30, what="the described agent to pump")
 
 
 def test_out_of_region_requests_are_refused_before_any_transfer(make_engine) -> None:
@@ -230,7 +231,7 @@ def test_a_plain_buffer_unregistered_by_the_peer_is_refused_after_the_refresh(
     assert eng.transfer(Op.WRITE, src, 0, tgt.name, gone.base, MiB).state is State.COMPLETED
     tgt.unregister(gone)  # still mapped: the bytearray lives on in `gone.keep`
     gone.view[:] = bytes(MiB)
-    time.sleep(REFRESH + 0.1)
+    time.sleep(REFRESH + 0.1)  # a TTL to outlast, not an order: the fetched table is stale
     [st] = eng.submit([TransferRequest(Op.WRITE, src, 0, tgt.name, gone.base, MiB)]).wait(10)
     assert st.state is State.FAILED and "bounds" in st.reason
     assert bytes(gone.view) == bytes(MiB)  # nothing landed in the unregistered buffer
