@@ -219,6 +219,24 @@ def test_online_cost_model_learns_the_stage_hand_off() -> None:
     assert m.handoff_s_per_token == pytest.approx(1e-3, rel=1e-3)
 
 
+def test_online_cost_model_fits_prefill_compute_to_the_prompt_length() -> None:
+    m = OnlineCostModel(block_tokens=BLOCK, kv_bytes_per_token=1024, bandwidth=1e9)
+
+    def truth(n: int, p: int) -> float:  # attention: longer prompts cost more per token
+        return 2e-3 * (n - p) + 1e-7 * (n * n - p * p)
+    m.observe_prefill(1000, 0, truth(1000, 0), truth(1000, 0) + 0.05)
+    m.observe_prefill(2000, 0, truth(2000, 0))
+    assert m.c_lin is None  # two lengths: the per-token average still
+    m.observe_prefill(4000, 1000, truth(4000, 1000))
+    assert m.c_lin == pytest.approx(2e-3, rel=1e-6) and m.c_quad == pytest.approx(1e-7)
+    assert m.compute_time(8000, 2000) == pytest.approx(truth(8000, 2000))
+    assert m.prefill_time(8000) == pytest.approx(m.overhead_s + truth(8000, 0))
+    assert OnlineCostModel(**{k: v for k, v in m.to_dict().items()}).prefill_time(5000, 100) \
+        == pytest.approx(m.prefill_time(5000, 100))
+    m.observe_prefill(100, 100, 1.0)  # nothing computed: nothing learned
+    assert m.compute_time(8000, 2000) == pytest.approx(truth(8000, 2000))
+
+
 def test_unknown_policy_and_empty_cluster() -> None:
     with pytest.raises(ConfigError, match="kvcache-centric"):
         make_policy("fastest")

@@ -74,7 +74,8 @@ def test_a_stage_busy_with_its_own_prefill_leaves_the_lead_alone(
     assert got["first_token"] == alone["first_token"]
     text = call(lead.url + "/metrics").body["text"]
     assert value(text, "mooncake_worker_pipeline_fallbacks_total", role="prefill") == 1
-    assert value(text, "mooncake_worker_pipelined_prefills_total", role="prefill") == 2  # the first test's
+    # the first test's two
+    assert value(text, "mooncake_worker_pipelined_prefills_total", role="prefill") == 2
 
 
 def plan(url: str, rid: str = "x") -> dict[str, Any]:

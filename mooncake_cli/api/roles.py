@@ -97,6 +97,7 @@ class PipelineReport(Answer):
     chunk_tokens: int = 0
     fallback: str = ""
     begin: float = 0.0  # setting the stages up
+    compute: float = 0.0  # the lead's own layers over every chunk
     handoff: float = 0.0  # the lead's writes and notices of its chunks
     drain: float = 0.0  # waiting for the last stage after the lead's last chunk
     bytes_sent: int = 0

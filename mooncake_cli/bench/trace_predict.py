@@ -26,7 +26,7 @@ from mooncake_cli.conductor.seqhash import seq_hashes
 
 CENTRIC = "kvcache-centric"
 FIELDS = ("block_tokens", "kv_bytes_per_token", "bandwidth", "per_token_s", "overhead_s",
-          "step_s", "handoff_s_per_token")
+          "step_s", "handoff_s_per_token", "c_lin", "c_quad")
 
 
 def learned_model(model: object) -> dict[str, Any] | None:

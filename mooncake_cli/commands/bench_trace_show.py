@@ -40,11 +40,18 @@ def _runs(rep: dict[str, Any]) -> Table:
     return t
 
 
+def _compute(m: dict[str, Any]) -> str:
+    """A learned model's prefill compute, in words."""
+    if m.get("c_lin") is None:
+        return f"{m['per_token_s'] * 1e3:.3f} ms per prompt token"
+    return f"{m['c_lin'] * 1e3:.3f} ms per token + {m['c_quad'] * 1e9:.2f} ns per n²-p²"
+
+
 def _predicted(pred: dict[str, Any]) -> Table:
     m = pred["cost_model"]
     t = Table(title="simulated: the same requests and cluster, the cost model the "
                     "kvcache-centric run learned", title_justify="left", box=box.SIMPLE_HEAD,
-              caption=f"cost model: {m['per_token_s'] * 1e3:.3f} ms per prompt token + "
+              caption=f"cost model: {_compute(m)} + "
                       f"{m['overhead_s'] * 1e3:.1f} ms per prefill, decode step "
                       f"{m['step_s'] * 1e3:.1f} ms, hand-off {m['handoff_s_per_token'] * 1e6:.1f}"
                       f" µs per token (learned by the {m['handoff_from']} run); cache "

@@ -148,10 +148,14 @@ class Bookings:
         model = self.scheduler.cluster.model
         if isinstance(model, OnlineCostModel):
             t, piped = answer.timing, answer.pipeline
-            if piped is not None and piped.stages:  # its compute time is not one instance's
+            if piped is not None and piped.stages and piped.layers:
+                # the lead's share of the layers stands for one instance's in proportion
+                layers = piped.layers[-1][1] - piped.layers[0][0]
+                share = piped.layers[0][1] - piped.layers[0][0]
                 model.observe_handoff(prompt - cached, piped.handoff)
+                model.observe_prefill(prompt, cached, piped.compute * layers / max(1, share))
             else:
-                model.observe_prefill(prompt - cached, t.compute, max(t.total - t.queue, 0.0))
+                model.observe_prefill(prompt, cached, t.compute, max(t.total - t.queue, 0.0))
 
     def _log(self, decision: Decision, queue: dict[str, Any] | None = None) -> None:
         if self._explain is not None:

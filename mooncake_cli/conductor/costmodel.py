@@ -165,7 +165,7 @@ def _chunks(tokens: int, chunk: int) -> int:
     return -(-tokens // chunk) if chunk > 0 else 0
 
 
-def _fit(rows: list[list[float]], ys: list[float]) -> list[float]:
+def fit_nonnegative(rows: list[list[float]], ys: list[float]) -> list[float]:
     """Non-negative least squares of the relative error (each row weighted by 1/y, so short
     and long samples count alike), dropping negative terms until none is left."""
     import numpy as np
@@ -221,8 +221,8 @@ def profile_model(doc: dict[str, Any], path: str = "profile") -> FittedCostModel
         d_rows.append([1.0, float(_field(s, "batch", where, int)),
                        float(_field(s, "context_tokens", where, int))])
         d_ys.append(_field(s, "seconds", where))
-    c0, cq, cl, cc = _fit(p_rows, p_ys)
-    d0, db, dc = _fit(d_rows, d_ys)
+    c0, cq, cl, cc = fit_nonnegative(p_rows, p_ys)
+    d0, db, dc = fit_nonnegative(d_rows, d_ys)
     block = _field(doc, "block_tokens", path, int)
     kv = _field(doc, "kv_bytes_per_token", path, int)
     bw = _field(doc, "bandwidth_bytes_per_s", path)

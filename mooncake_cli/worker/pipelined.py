@@ -97,6 +97,7 @@ class Pipelines:
         return first, PipelineReport(
             stages=[self.url, *spec.stages], layers=[[r.start, r.stop] for r in ranges],
             chunk_tokens=spec.chunk_tokens, begin=round(timing.begin, 6),
+            compute=round(timing.compute, 6),
             handoff=round(timing.handoff, 6), drain=round(timing.drain, 6),
             bytes_sent=timing.bytes_sent)
 
