@@ -6,13 +6,13 @@ Ours only: upstream's SSD offload needs its own storage backend set up."""
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mooncake_cli.compat.store import MooncakeDistributedStore
+from mooncake_cli.store.records import StoreStats
 from tests.conftest import free_port, wait_for
 from tests.helpers.store_procs import Proc
 
@@ -39,11 +39,18 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MooncakeDi
 def fill(s: MooncakeDistributedStore, n: int) -> dict[str, bytes]:
     vals = {f"obj{i:02d}": bytes([i]) * SIZE for i in range(n)}
     for key, v in vals.items():
-        deadline = time.monotonic() + 10
-        while (rc := s.put(key, v)) != 0:  # DRAM full while offloads are copied: again
-            assert rc == -200 and time.monotonic() < deadline, rc
-            time.sleep(0.02)
+        def stored(key: str = key, v: bytes = v) -> bool:
+            rc = s.put(key, v)
+            if rc != 0:  # DRAM full while offloads are copied: again
+                assert rc == -200, rc
+            return rc == 0
+        wait_for(stored, 10, what=f"room for {key}")
     return vals
+
+
+def master_stats(s: MooncakeDistributedStore) -> StoreStats:
+    """The master's counters, through the store's own connection."""
+    return s._client.stats()  # type: ignore[no-any-return]
 
 
 def tiers(s: MooncakeDistributedStore, key: str) -> list[str]:
@@ -55,9 +62,14 @@ def test_evicted_objects_go_to_ssd_and_come_back_on_the_second_hit(
         store: MooncakeDistributedStore) -> None:
     vals = fill(store, 25)
     wait_for(lambda: tiers(store, "obj00") == ["ssd"], 10)
+    # the fill's offloads done: DRAM is below the high watermark, with room for a promotion
+    wait_for(lambda: master_stats(store).moves == 0, 10, what="the offloads under way to end")
     assert store.get("obj00") == vals["obj00"]
     assert store.get_offload_rpc_read_count() == 1
-    time.sleep(0.5)
+    # the master decides at the get (before it answers anyone else) and a move it starts
+    # stays under way until the client confirms it: none started, none done
+    st = master_stats(store)
+    assert (st.moves, st.promotions) == (0, 0)
     assert tiers(store, "obj00") == ["ssd"]  # one hit: not promoted yet
     assert store.get("obj00") == vals["obj00"]
     wait_for(lambda: "dram" in tiers(store, "obj00"), 10)
