@@ -10,7 +10,6 @@ import asyncio
 import concurrent.futures
 import json
 import socket
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -125,6 +124,14 @@ def queue_length(svc: ConductorService) -> int:
     return int(jsonhttp.call(svc.url + "/v1/instances").body["queue"]["length"])
 
 
+def head_waited(svc: ConductorService, seconds: float) -> bool:
+    """Whether the one request in the queue has been there over `seconds` by the conductor's
+    clock (its head retries every POLL_S meanwhile); the test fails if it left the queue."""
+    queue = jsonhttp.call(svc.url + "/v1/instances").body["queue"]
+    assert queue["length"] == 1, queue
+    return float(queue["oldest_wait_s"]) > seconds
+
+
 def test_a_client_that_leaves_the_queue_frees_its_place(
         full_decode: tuple[ConductorService, dict[str, int]]) -> None:
     svc, _ = full_decode
@@ -171,7 +178,7 @@ def test_a_queued_request_is_served_once_room_appears(
         fut = pool.submit(jsonhttp.call, svc.url + "/v1/completions",
                           {"model": "demo", "prompt": "hi", "max_tokens": 4}, timeout=60)
         wait_for(lambda: queue_length(svc) == 1, 10, what="the request to queue")
-        time.sleep(0.3)
+        wait_for(lambda: head_waited(svc, 0.3), 10, what="the head to wait 0.3 s (6 polls)")
         assert not fut.done()
         load = {"running": 0, "waiting": 0, "free_blocks": 64, "total_blocks": 64}
         jsonhttp.call(svc.url + "/v1/instances/register",
