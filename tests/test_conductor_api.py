@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -192,7 +191,12 @@ def test_decode_side_failures_reroute_400_or_wait() -> None:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(jsonhttp.call, svc.url + "/v1/completions", small_req,
                                   timeout=60)
-            time.sleep(1.0)
+
+            def waited() -> bool:  # by the conductor's clock, in the queue all along
+                assert not waiting.done(), waiting.result().body
+                queue = jsonhttp.call(svc.url + "/v1/instances").body["queue"]
+                return queue["length"] == 1 and float(queue["oldest_wait_s"]) > 1.0
+            wait_for(waited, 30, what="the request to wait 1 s in the queue")
             assert not waiting.done(), waiting.result().body
             assert jsonhttp.call(svc.url + "/v1/instances").body["queue"]["length"] == 1
             register("d1", "decode", small.url)
