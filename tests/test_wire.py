@@ -5,7 +5,6 @@ outside its regions, and keeps serving."""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -245,10 +244,10 @@ def test_a_full_table_closes_the_longest_idle_connection_for_a_newcomer() -> Non
     segment.register(bytearray(16))
     srv = TargetServer(segment, lambda: b"{}", "127.0.0.1", 0, None, max_connections=2)
     try:
-        held = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(2)]
-        for s in held:
-            wire.recv_exact(s, wire.HELLO.size)
-            time.sleep(0.05)  # held[0] is the longest idle
+        held = []
+        for _ in range(2):  # each taken in (greeted) before the next: held[0] is the longest idle
+            held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
+            wire.recv_exact(held[-1], wire.HELLO.size)
         extra = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
         wire.recv_exact(extra, wire.HELLO.size)
         assert request(extra, wire.OP_PING, 0, 0, rid=7)[:2] == (wire.OK, 7)
