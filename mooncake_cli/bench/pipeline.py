@@ -35,7 +35,7 @@ WARMUP_TOKENS = 256  # the warm-up prefill: first requests pay one-off allocatio
 @dataclass(frozen=True)
 class PipelineBenchConfig:
     model: str = "smollm2-135m"
-    tokens: tuple[int, ...] = (2048, 4096, 8190)  # 8190: the longest that fits 8192 positions
+    tokens: tuple[int, ...] = (2048, 4096, 8190)  # 8190 as "8k": prompts must be < 8192 positions
     stages: tuple[int, ...] = (1, 2, 3)
     repeat: int = 2
     chunk: int = 512  # tokens per pipeline chunk, and the workers' --chunk-size
@@ -92,14 +92,18 @@ def _one(procs: PrefillProcs, cfg: PipelineBenchConfig, rid: str, ids: list[int]
             "busy_cores": round((procs.cpu() - cpu) / ttft, 2),
             **{f"{k}_s": pipe.get(k, 0.0) for k in ("begin", "handoff", "drain")},
             "bytes_sent": pipe.get("bytes_sent", 0), "fallback": pipe.get("fallback", ""),
-            "layers": pipe.get("layers") or []}
+            "layers": pipe.get("layers") or [], "worker_warnings": procs.warnings()}
 
 
-def _host(load: tuple[float, float, float] | None = None) -> dict[str, Any]:
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the platform has none)."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def _host(load: list[float] | None) -> dict[str, Any]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    now = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {"cores": cores, "machine": platform.machine(), "python": platform.python_version(),
-            "load_before": load, "load_after": now}
+            "load_before": load, "load_after": _load()}
 
 
 def run(cfg: PipelineBenchConfig, step: Step) -> dict[str, Any]:
@@ -113,7 +117,7 @@ def run(cfg: PipelineBenchConfig, step: Step) -> dict[str, Any]:
     if max(cfg.stages) > layers:
         raise ConfigError(f"--stages: {cfg.model} has only {layers} layers")
     ids, source = corpus(lambda text: src.tokenizer.encode(text, add_special_tokens=False))
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load = _load()
     began = time.perf_counter()
     kv_blocks = math.ceil(max(cfg.tokens) / cfg.block_size) + 1
     samples: dict[tuple[int, int], list[dict[str, Any]]] = {}

@@ -2,7 +2,7 @@
 each limited to the same torch threads, no store, sharing a one-off cluster secret.
 
     with PrefillProcs(3, model="smollm2-135m", threads=1, kv_blocks=520, chunk=512) as procs:
-        answer = procs.prefill(0, body)         # signed POST /v1/prefill to worker 0
+        answer = procs.prefill(0, body, 600.0)  # signed POST /v1/prefill to worker 0
         procs.urls[1:]                          # the stages another worker may lead
 
 Children are spawned by the calling thread (a child gets SIGTERM when the thread that started
@@ -36,6 +36,7 @@ class PrefillProcs:
         self.children: list[Child] = []
         self.urls: list[str] = []
         self.ready: list[dict[str, Any]] = []
+        self._seen = [0] * n  # stderr lines of each worker `warnings` has looked at
         try:
             for i in range(n):
                 argv = [sys.executable, "-m", "mooncake_cli", "--json", "prefill", "--model",
@@ -60,6 +61,17 @@ class PrefillProcs:
             raise MooncakeError(f"prefill {body.get('request_id')} on {self.urls[worker]}: "
                                 f"HTTP {a.status}: {a.body}")
         return a.body
+
+    def warnings(self) -> list[str]:
+        """The lines the workers logged at WARNING or above since the last call, each with
+        its worker's name (why a stage failed, for one)."""
+        out = []
+        for i, child in enumerate(self.children):
+            lines = child.stderr_tail(1 << 22).splitlines()
+            new, self._seen[i] = lines[self._seen[i]:], len(lines)
+            out += [f"stage-{i}: {line}" for line in new
+                    if any(w in line for w in ("WARNING", "ERROR", "CRITICAL"))]
+        return out
 
     def cpu(self) -> float:
         """User + system CPU seconds the workers have used so far."""

@@ -22,6 +22,7 @@ DEFINITIONS = {
     "busy_cores": "CPU seconds all workers used during the call over its wall time (mean)",
     "same_first_token": "every sample's first token equals the 1-stage sample's of the same "
                         "prompt",
+    "worker_warnings": "what the workers logged at WARNING or above during the calls",
 }
 
 
@@ -50,6 +51,7 @@ def _row(n: int, s: int, got: list[dict[str, Any]], ranges: list[list[int]], lay
         "first_tokens": [g["first_token"] for g in got],
         "same_first_token": all(g["first_token"] == single.get(g["repeat"]) for g in got),
         "fallbacks": fallbacks,
+        "worker_warnings": [w for g in got for w in g["worker_warnings"]],
         "unexpected_layers": split,  # a pipeline report's split other than the even one
     }
 

@@ -7,6 +7,7 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -32,34 +33,40 @@ def _load(h: dict[str, Any], key: str) -> str:
 def _human(rep: dict[str, Any]) -> Any:
     def draw(con: Console) -> None:
         h = rep["host"]
-        t = Table(title=f"bench pipeline: {rep['model']}, {rep['layers']} layers, "
-                        f"{rep['threads']} thread(s) per instance, chunks of "
-                        f"{rep['chunk_tokens']} tokens, {rep['repeat']} sample(s) each",
-                  title_justify="left", box=box.SIMPLE_HEAD, caption_justify="left",
-                  caption="TTFT: wall time of POST /v1/prefill, mean (samples); ÷1: over the "
-                          "single instance's; ideal: the largest stage's share of the layers; "
-                          "per layer: TTFT / the largest stage's layers (µs: per token too); "
-                          "begin/handoff/drain: the lead's report; cores: worker CPU s / "
-                          "wall s")
-        for col in ("tokens", "stages", "layers", "TTFT s", "samples", "÷1", "ideal",
-                    "s/layer", "µs/layer/tok", "begin/handoff/drain s", "cores", "same tok",
-                    "fallback"):
-            t.add_column(col, justify="left" if col in ("layers", "samples") else "right")
+        t = Table(title=f"bench pipeline: {rep['model'].split(':')[0]}, {rep['layers']} "
+                        f"layers, {rep['threads']} thread(s) per instance, chunks of "
+                        f"{rep['chunk_tokens']} tokens", title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False,
+                  caption_justify="left",
+                  caption="tok: prompt tokens; st: stages; TTFT: wall time of POST "
+                          "/v1/prefill, mean of each sample; ÷1: over 1 stage's; ideal: the "
+                          "largest stage's share of the layers; s/lay: TTFT / the largest "
+                          "stage's layers (µs/l·t: also per token); hand(off), drain: the "
+                          "lead's report, s; cores: worker CPU s / wall s; same: first token "
+                          "as 1 stage's")
+        for col in ("tok", "st", "TTFT s", "each", "÷1", "ideal", "s/lay", "µs/l·t", "hand",
+                    "drain", "cores", "same"):
+            t.add_column(col, justify="right", no_wrap=True)
         for r in rep["rows"]:
-            t.add_row(str(r["tokens"]), str(r["stages"]),
-                      " ".join(f"{lo}-{hi}" for lo, hi in r["layers"]), f"{r['ttft_s']:.2f}",
-                      ", ".join(f"{x:.2f}" for x in r["ttft_samples_s"]),
+            t.add_row(str(r["tokens"]), str(r["stages"]), f"{r['ttft_s']:.2f}",
+                      "\n".join(f"{x:.2f}" for x in r["ttft_samples_s"]),
                       "-" if r["ratio"] is None else f"{r['ratio']:.2f}",
                       f"{r['ideal_ratio']:.2f}", f"{r['stage_s_per_layer']:.3f}",
-                      f"{r['stage_us_per_layer_token']:.1f}",
-                      f"{r['begin_s']:.2f}/{r['handoff_s']:.2f}/{r['drain_s']:.2f}",
-                      f"{r['busy_cores']:.2f}", "yes" if r["same_first_token"] else "NO",
-                      "; ".join(r["fallbacks"]) or "-")
+                      f"{r['stage_us_per_layer_token']:.0f}", f"{r['handoff_s']:.2f}",
+                      f"{r['drain_s']:.2f}", f"{r['busy_cores']:.2f}",
+                      "yes" if r["same_first_token"] else "NO")
         con.print(t)
         con.print(f"host: {h['cores']} cores, load average {_load(h, 'load_before')} before, "
                   f"{_load(h, 'load_after')} after; prompts: {rep['prompt_source']} "
                   f"({rep['corpus_tokens']} tokens); warm-up {rep['warmup_s']:.1f} s, "
                   f"{rep['elapsed_s']:.0f} s in all")
+        for r in rep["rows"]:
+            for why in r["fallbacks"]:
+                con.print(f"[red]{r['tokens']} tokens, {r['stages']} stages ran alone:[/red] "
+                          f"{escape(why)}")
+            for line in r["worker_warnings"]:
+                con.print(f"[yellow]{r['tokens']} tokens, {r['stages']} stages:[/yellow] "
+                          f"{escape(line)}", soft_wrap=True)
         if not rep["ok"]:
             con.print("[red]check failed:[/red] a pipelined answer fell back, gave another "
                       "first token than the single instance, or split the layers unevenly")
@@ -71,16 +78,16 @@ def pipeline(
     model: str = typer.Option("smollm2-135m", "--model", metavar="NAME|FILE|DIR",
                               help="Model of every instance."),
     tokens: str = typer.Option("2048,4096,8190", "--tokens", metavar="N[,N...]",
-                               help="Prompt lengths (8190: the longest that fits "
-                                    "smollm2-135m's 8192 positions)."),
+                               help="Prompt lengths (8190 is \"8k\": a prompt must be shorter "
+                                    "than smollm2-135m's 8192 positions)."),
     stages: str = typer.Option("1,2,3", "--stages", metavar="N[,N...]",
                                help="Stage counts; 1 (the single instance) must be among them."),
-    repeat: int = typer.Option(2, "--repeat", min=1,
+    repeat: int = typer.Option(2, "--repeat", min=1, metavar="N",
                                help="Samples of each (prompt length, stage count)."),
     chunk: int = typer.Option(512, "--chunk", min=1, metavar="TOKENS",
                               help="Tokens per pipeline chunk (and the workers' "
                                    "--chunk-size)."),
-    threads: int = typer.Option(1, "--threads", min=1,
+    threads: int = typer.Option(1, "--threads", min=1, metavar="N",
                                 help="Torch threads of every instance."),
     timeout: float = typer.Option(1800.0, "--timeout", min=1.0,
                                   help="Seconds one prefill may take."),
