@@ -48,7 +48,7 @@ class TargetServer:
         self.segment = segment
         self.grants = grants if grants is not None else Grants()
         self._describe = describe
-        self._idle_timeout = IDLE_TIMEOUT if idle_timeout is None else idle_timeout
+        self.idle_timeout = IDLE_TIMEOUT if idle_timeout is None else idle_timeout
         self.served = Served(max_connections, min(max_per_peer, max_connections))
         sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.host, self.port = sock.getsockname()[:2]
@@ -105,7 +105,7 @@ class TargetServer:
         while True:
             try:
                 if not wire.recv_request(conn, hview):
-                    if self.served.idle_for(entry) > self._idle_timeout:
+                    if self.served.idle_for(entry) > self.idle_timeout:
                         return
                     continue
             except wire.PeerClosed:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import hmac
+import select
 import socket
 import ssl
+import time
 from typing import Any
 
 from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer import tls, wire
+
+# idle seconds after which a pooled connection is looked at before reuse: targets close
+# connections idle for 120 s (backends/tcp/server.py), and a reuse would then fail
+CHECK_AFTER_IDLE = 1.0
 
 _ERRORS = {wire.E_BOUNDS: "out of bounds", wire.E_BADOP: "malformed request",
            wire.E_AUTH: "not authorised", wire.E_TOOBIG: "too big", wire.E_INTERNAL: "internal"}
@@ -41,7 +47,22 @@ class TargetClient:
         self._hdr = bytearray(wire.RESPONSE.size)
         self._rid = 0
         self.spin = True  # busy-poll briefly for replies; the engine turns it off in workers
+        self._used = time.monotonic()
         wire.blocking_with_timeout(self._sock, timeout)
+
+    def dropped(self) -> bool:
+        """Whether the target has closed this idle connection (it never sends unasked, so
+        anything to read on an idle one is its end of file or an error). Looked at only after
+        CHECK_AFTER_IDLE seconds without a request: a busy pool pays nothing."""
+        if self.broken:
+            return True
+        if time.monotonic() - self._used < CHECK_AFTER_IDLE:
+            return False
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
 
     def _handshake(self, secret: str | None) -> None:
         magic, version, auth, nonce = wire.HELLO.unpack(wire.recv_exact(self._sock,
@@ -96,6 +117,8 @@ class TargetClient:
                 raise TransferError(f"{self.peer} did not answer within {self._timeout:g} s") \
                     from e
             raise TransferError(f"connection to {self.peer} lost: {e or type(e).__name__}") from e
+        finally:
+            self._used = time.monotonic()
 
     def read(self, remote_offset: int, dst: memoryview) -> None:
         self._io(self._read, remote_offset, dst)

@@ -69,19 +69,23 @@ class Peer:
                                       self._timeout)
 
     def acquire(self, block: bool = True) -> Channel | None:
-        if not self._closed:
+        while not self._closed:
             try:
-                return self._idle.pop()  # atomic under the GIL: no lock on the hot path
+                ch = self._idle.pop()  # atomic under the GIL: no lock on the hot path
             except IndexError:
-                pass
+                break
+            if not self._dropped(ch):
+                return ch
         with self._cond:
             while True:
                 if self._closed:
                     raise TransferError(f"connections to '{self.desc.name}' are closed")
                 self._waiting += 1  # before looking: a release that misses it appended first
                 try:
-                    if self._idle:
-                        return self._idle.pop()
+                    while self._idle:
+                        ch = self._idle.pop()
+                        if not self._dropped(ch, locked=True):
+                            return ch
                     if self._open < self._limit:
                         self._open += 1
                         break
@@ -99,6 +103,21 @@ class Peer:
                 self._open -= 1
                 self._cond.notify()
             raise
+
+    def _dropped(self, ch: Channel, locked: bool = False) -> bool:
+        """Whether idle channel `ch` was closed by the peer meanwhile (a transport's channel
+        may say so: `dropped()`); such a one is closed and no longer counts as open."""
+        dropped = getattr(ch, "dropped", None)
+        if dropped is None or not dropped():
+            return False
+        ch.close()
+        if locked:
+            self._open -= 1
+        else:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+        return True
 
     def release(self, ch: Channel) -> None:
         if not (getattr(ch, "broken", False) or self._closed or self._retired):
