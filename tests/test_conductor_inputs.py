@@ -111,16 +111,22 @@ def test_bad_registrations_change_nothing(conductor: ConductorService, url: str,
     assert "d9" not in conductor.conductor.scheduler.cluster.by_name
 
 
-def test_pipeline_policy_is_simulator_only() -> None:
-    with pytest.raises(ConfigError, match="simulator only"):
-        ConductorConfig(policy="kvcache-pipeline")
+def test_pipeline_policy_options_are_checked() -> None:
+    cfg = ConductorConfig(policy="kvcache-pipeline", max_stages=3, pipeline_chunk=512,
+                          pipeline_min_gain=0.1)
+    assert cfg.policy_options() == {"max_stages": 3, "chunk_tokens": 512, "min_gain": 0.1}
+    assert ConductorConfig(max_stages=0).policy_options() == {}  # another policy: unused
+    for bad in ({"max_stages": 0}, {"pipeline_chunk": 0}, {"pipeline_min_gain": 1.0},
+                {"pipeline_min_gain": -0.1}):
+        with pytest.raises(ConfigError, match="kvcache-pipeline needs"):
+            ConductorConfig(policy="kvcache-pipeline", **bad)  # type: ignore[arg-type]
     for bad in ("http://host", "host:port", "http://:80"):
         with pytest.raises(ConfigError, match="HOST:PORT"):
             ConductorConfig(decode=bad)
 
 
 def test_unbook_releases_pipeline_stages(conductor: ConductorService) -> None:
-    """A booking with pipeline stages (the simulator's policy) gives every stage back."""
+    """A booking with pipeline stages (kvcache-pipeline's) gives every stage back."""
     cluster = conductor.conductor.scheduler.cluster
     for name in ("s0", "s1", "s2"):
         cluster.add(name, "prefill")
