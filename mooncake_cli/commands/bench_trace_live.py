@@ -18,7 +18,7 @@ from mooncake_cli.bench.trace_live import ReplayConfig, long_prompts, replay
 from mooncake_cli.bench.trace_predict import CENTRIC, gains, learned_model, predict, sim_model
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands.bench_trace_show import live_table
-from mooncake_cli.conductor.config import PIPELINE, SIMULATOR_ONLY, ConductorConfig
+from mooncake_cli.conductor.config import PIPELINE, ConductorConfig
 from mooncake_cli.conductor.scheduler import POLICIES
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
@@ -51,12 +51,10 @@ def _updater(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
 
 def _policies(policy: str | None) -> list[str]:
     names = [x.strip() for x in (policy or "random,kvcache-centric").split(",")]
-    live = [p for p in POLICIES if p not in SIMULATOR_ONLY]
-    bad = [x for x in names if x not in live]
+    bad = [x for x in names if x not in POLICIES]
     if bad or not names:
-        only = f" ({', '.join(SIMULATOR_ONLY)}: --simulate only)" if SIMULATOR_ONLY else ""
-        raise ConfigError(f"policy {', '.join(bad) or '(none)'} cannot run live: use "
-                          f"{', '.join(live)}{only}")
+        raise ConfigError(f"unknown policy {', '.join(bad) or '(none)'}: use "
+                          f"{', '.join(POLICIES)}")
     return names
 
 

@@ -22,7 +22,6 @@ from typing import Any
 from mooncake_cli.config import described
 from mooncake_cli.interfaces import ConfigError
 
-SIMULATOR_ONLY: tuple[str, ...] = ()  # policies whose plans the live workers cannot run
 PIPELINE = "kvcache-pipeline"  # the policy that spreads a prefill over stages (our engine's)
 
 
@@ -139,7 +138,7 @@ class ConductorConfig:
 
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy '{self.policy}': use one of "
-                              f"{', '.join(p for p in POLICIES if p not in SIMULATOR_ONLY)}")
+                              f"{', '.join(POLICIES)}")
         self.policy_options()  # ConfigError for an out-of-range pipeline option
 
     def policy_options(self) -> dict[str, Any]:
