@@ -153,14 +153,17 @@ def test_three_stages_answer_as_transformers_and_store_single_instance_blocks(
 
 def test_two_stages_after_a_prefix_reused_from_the_store(
         cluster: Cluster, reference: Reference) -> None:
-    reused = 640  # 40 blocks the first test stored; the rest is new text
-    ids = list(prompt(TOKENS))[:reused] + list(prompt(3000))[2000:2800]
+    reused = 640  # 40 blocks of an earlier prompt through this conductor; the rest is new
+    head = list(prompt(3000))[1000:2000]  # text no earlier request began with
+    cluster.complete(2, head)  # this conductor learns which worker holds its blocks
+    ids = head[:reused] + list(prompt(3000))[2000:2800]
     before = len(cluster.placements(2))
+    counted = cluster.metric(2, "mooncake_conductor_pipelined_total")
     ans = cluster.complete(2, ids)
     piped = pipeline_of(cluster, 2, before)
     assert len(piped["stages"]) == 1
     assert ans["usage"]["prompt_tokens_details"]["cached_tokens"] == reused
-    assert cluster.metric(2, "mooncake_conductor_pipelined_total") == 1
+    assert cluster.metric(2, "mooncake_conductor_pipelined_total") == counted + 1
     assert ans["choices"][0]["text"] == text_of(reference, ids)
 
 
