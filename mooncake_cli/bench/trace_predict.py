@@ -25,8 +25,6 @@ from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.seqhash import seq_hashes
 
 CENTRIC = "kvcache-centric"
-FIELDS = ("block_tokens", "kv_bytes_per_token", "bandwidth", "per_token_s", "overhead_s",
-          "step_s", "handoff_s_per_token", "c_lin", "c_quad")
 
 
 def learned_model(model: object) -> dict[str, Any] | None:
@@ -35,7 +33,7 @@ def learned_model(model: object) -> dict[str, Any] | None:
     (a profile's)."""
     if not isinstance(model, OnlineCostModel):
         return None
-    return {k: getattr(model, k) for k in FIELDS}
+    return model.to_dict()
 
 
 def sim_model(learned: Mapping[str, Mapping[str, Any] | None],
@@ -76,7 +74,7 @@ def predict(reqs: Sequence[TraceRequest], cfg: ReplayConfig, learned: Mapping[st
     `options` (`ConductorConfig.policy_options()`). Each row: the simulator's figures plus
     the number of prefills it ran as pipelines."""
     t0 = time.perf_counter()
-    model = OnlineCostModel(**{k: learned[k] for k in FIELDS})
+    model = OnlineCostModel(**{k: v for k, v in learned.items() if k != "handoff_from"})
     sim = sim_requests(reqs, cfg, model.block_tokens)
     scfg = SimConfig(preset="none", policy=",".join(policies), prefill=prefill, decode=decode,
                      colocated=-1, cache_tokens=cache_tokens, seed=seed)

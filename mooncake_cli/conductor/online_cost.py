@@ -25,6 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from mooncake_cli.conductor.costmodel import fit_nonnegative
+
 
 @dataclass
 class OnlineCostModel:
@@ -75,8 +77,6 @@ class OnlineCostModel:
     def _refit(self) -> None:
         if len({n - p for n, p, _ in self._samples}) < 3:
             return
-        from mooncake_cli.conductor.costmodel import fit_nonnegative
-
         rows = [[float(n - p), float(n * n - p * p)] for n, p, _ in self._samples]
         lin, quad = fit_nonnegative(rows, [s for _, _, s in self._samples])
         if lin > 0 or quad > 0:

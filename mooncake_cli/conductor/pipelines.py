@@ -28,7 +28,7 @@ class Pipelines:
             urls = [self.instances.url(name) for name in chosen.stages]
         except KeyError:
             return None
-        return roles.Pipeline(stages=urls, chunk_tokens=chosen.chunk_tokens or 2048)
+        return roles.Pipeline(stages=urls, chunk_tokens=chosen.chunk_tokens)
 
     async def done(self, request: str, chosen: Candidate,
                    report: roles.PipelineReport | None) -> None:

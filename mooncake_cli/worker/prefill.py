@@ -189,12 +189,7 @@ class PrefillWorker(WorkerRuntime):
 
         def whole(n: int) -> None:  # the first n blocks are whole here: stream the full ones
             nonlocal sent
-            full = min(n, seq.num_prompt // bs)
-            if stream is not None and full > sent:
-                t = time.perf_counter()
-                stream.send((i, seq.block_table[i]) for i in range(sent, full))
-                timing["transfer"] += time.perf_counter() - t
-                sent = full
+            sent = self._stream(stream, seq, sent, min(n, seq.num_prompt // bs), timing)
 
         t = time.perf_counter()
         first, report = self.pipelines.lead(seq, job.pipeline, job.request_id,
@@ -212,12 +207,7 @@ class PrefillWorker(WorkerRuntime):
         go to the decode worker (after the first `sent`). (first token, blocks sent)."""
         bs = self.cache.block_size
         while True:
-            if stream is not None:
-                t = time.perf_counter()
-                full = seq.num_computed // bs
-                stream.send((i, seq.block_table[i]) for i in range(sent, full))
-                sent = max(sent, full)
-                timing["transfer"] += time.perf_counter() - t
+            sent = self._stream(stream, seq, sent, seq.num_computed // bs, timing)
             t = time.perf_counter()
             logits = self.runner.step([seq])
             step = time.perf_counter() - t
@@ -228,6 +218,17 @@ class PrefillWorker(WorkerRuntime):
                 first = self.runner.sample([seq], logits)[0]
                 timing["compute"] += time.perf_counter() - t
                 return first, sent
+
+    @staticmethod
+    def _stream(stream: KVStream | None, seq: Sequence, sent: int, full: int,
+                timing: dict[str, float]) -> int:
+        """Send the decode worker blocks [sent, full) of `seq`; the blocks sent now."""
+        if stream is None or full <= sent:
+            return sent
+        t = time.perf_counter()
+        stream.send((i, seq.block_table[i]) for i in range(sent, full))
+        timing["transfer"] += time.perf_counter() - t
+        return full
 
     def _count(self, prompt: int, hit: int, stored_blocks: int) -> None:
         m = self.metrics
