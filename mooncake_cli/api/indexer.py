@@ -29,7 +29,7 @@ MAX_HASHES = 1 << 16  # hashes of one /query_by_hash
 _ENDPOINT = re.compile(r"^(tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}|ipc://[^\s]+)$")
 
 
-def _endpoint(value: str | None, name: str) -> str | None:
+def zmq_endpoint(value: str | None, name: str) -> str | None:
     if value is None:
         return None
     if len(value) > 256 or not _ENDPOINT.match(value) or "*" in value:
@@ -56,12 +56,12 @@ class Register(Unregister):
     @field_validator("endpoint")
     @classmethod
     def _pub(cls, v: str) -> str:
-        return _endpoint(v, "endpoint") or v
+        return zmq_endpoint(v, "endpoint") or v
 
     @field_validator("replay_endpoint")
     @classmethod
     def _replay(cls, v: str | None) -> str | None:
-        return _endpoint(v, "replay_endpoint")
+        return zmq_endpoint(v, "replay_endpoint")
 
 
 class Query(Message):

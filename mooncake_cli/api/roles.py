@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from mooncake_cli.api.errors import bad
+from mooncake_cli.api.indexer import zmq_endpoint
 from mooncake_cli.api.schema import Message
 from mooncake_cli.engine.sampling import SamplingParams
 
@@ -218,6 +219,22 @@ class Load(Answer):
         return self
 
 
+class KvEvents(Message):
+    """Where a worker's engine publishes its KV events (vLLM's `--kv-events-config`: ZMQ PUB
+    batches, docs/indexer.md): the conductor subscribes and routes on what they say the
+    worker holds. `block_size` is the engine's."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    endpoint: str
+    replay_endpoint: str | None = None
+    block_size: Annotated[int, Field(ge=1, le=1 << 16)]
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return zmq_endpoint(v, f"kv_events.{info.field_name}")
+
+
 class Registration(Message):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
     name: Annotated[str, Field(min_length=1, max_length=512)]
@@ -227,6 +244,7 @@ class Registration(Message):
     block_size: int = 0
     load: Load = Load()
     token: Annotated[str, Field(max_length=256)] = ""  # binds the name to this registrant
+    kv_events: KvEvents | None = None  # an engine publishing its KV events (vLLM's)
 
 
 class Deregistration(Message):

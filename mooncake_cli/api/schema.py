@@ -19,7 +19,8 @@ class Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-NESTED = {("sampling",), ("load",), ("stream_options",), ("response_format",), ("timing",)}
+NESTED = {("sampling",), ("load",), ("stream_options",), ("response_format",), ("timing",),
+          ("kv_events",)}
 
 
 def param_of(loc: tuple[int | str, ...]) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.roles import PrefillAnswer
+from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.online_cost import OnlineCostModel
@@ -36,6 +37,7 @@ class Bookings:
         self._queued: dict[str, dict[str, float]] = {}  # prefill instance -> rid -> estimate
         self._decode_booked: dict[str, int] = {}  # rid -> KV tokens booked on its decode
         self.peers: Peers | None = None  # with --peers: bookings and learning are shared
+        self.events: EventRouting | None = None  # workers whose KV events say what they hold
 
     def decide(self, sreq: Request, param: str = "prompt",
                queue: dict[str, Any] | None = None) -> Decision:
@@ -46,6 +48,8 @@ class Bookings:
             raise ServingError(ErrorCode.NO_INSTANCE, "this conductor is still catching up "
                                "with the other conductors' bookings", retry_after=1)
         with self.instances.lock:
+            held = {} if self.events is None else \
+                self.events.sync(self.scheduler.cluster.index, sreq.tokens, sreq.block_keys)
             now = time.monotonic()
             try:
                 decision = self.scheduler.schedule(sreq, now,
@@ -54,7 +58,7 @@ class Bookings:
                 self.metrics.add("errors_total")
                 raise ServingError(ErrorCode.NO_INSTANCE, str(e), retry_after=1) from None
             if not decision.waiting:  # a waiting request is logged once, when it is placed
-                self._log(decision, queue)
+                self._log(decision, queue, held)
             if decision.too_large:
                 raise ServingError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, f"the request does not "
                                    f"fit this cluster: {decision.reason}; shorten the prompt "
@@ -135,14 +139,16 @@ class Bookings:
                                * block_bytes)
         copied = answer.replicated_keys  # fetched blocks that gained a replica there
         self.metrics.add("blocks_replicated_total", len(copied))
+        stored = answer.stored_keys + copied
+        if self.events is not None and self.events.follows(pname):
+            stored = []  # its KV events say what it holds (conductor/event_routing.py)
         with self.instances.lock:  # what the instance holds now: what it had, what it stored
             index = self.scheduler.cluster.index
             index.touch(pname, keys[:decision.placement.chosen.local_blocks])
-            evicted = index.store(pname, answer.stored_keys)
-            evicted += index.store(pname, copied)
+            evicted = index.store(pname, stored)
         if self.peers is not None:  # one record for the other conductors' indexes
             self.peers.learned(pname, keys[:decision.placement.chosen.local_blocks],
-                               answer.stored_keys + copied, evicted)
+                               stored, evicted)
         if evicted:
             self.metrics.add("evicted_blocks_total", len(evicted))
         model = self.scheduler.cluster.model
@@ -157,11 +163,14 @@ class Bookings:
             else:
                 model.observe_prefill(prompt, cached, t.compute, max(t.total - t.queue, 0.0))
 
-    def _log(self, decision: Decision, queue: dict[str, Any] | None = None) -> None:
+    def _log(self, decision: Decision, queue: dict[str, Any] | None = None,
+             held: dict[str, int] | None = None) -> None:
         if self._explain is not None:
             record = decision.explain()
             if queue is not None:
                 record["queue"] = queue
+            if held:  # per worker followed: the leading blocks its KV events say it holds
+                record["kv_events"] = held
             with self._explain_lock:
                 self._explain.write(json.dumps(record) + "\n")
                 self._explain.flush()

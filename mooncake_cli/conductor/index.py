@@ -50,6 +50,9 @@ class CacheIndex:
     def instances(self) -> list[str]:
         return list(self._lru)
 
+    def knows(self, name: str) -> bool:
+        return name in self._lru
+
     def drop(self, name: str) -> None:
         """Forget an instance and everything it held."""
         for key in self._lru.pop(name, {}):

@@ -23,6 +23,7 @@ from mooncake_cli.api.errors import ServingError, bad
 from mooncake_cli.api.roles import Registration
 from mooncake_cli.api.schema import validate
 from mooncake_cli.auth import Signer
+from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.state import Cluster
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class Instances:
         self.lock = threading.RLock()
         self._by_name: dict[str, Instance] = {}
         self._on_decode_step = on_decode_step
+        self.events: EventRouting | None = None  # follows the KV events workers publish
 
     def register(self, reg: Registration | dict[str, Any], static: bool = False) -> Instance:
         """Add or refresh an instance from a registration (or a polled /health + load);
@@ -72,6 +74,8 @@ class Instances:
         except ValueError:
             raise bad(f"the 'url' {url!r} must be http://HOST:PORT", "url") from None
         load = reg.load.model_dump(exclude_unset=True)
+        if self.events is not None:
+            self.events.follow(name, role, reg.kv_events)
         with self.lock:
             inst = self._by_name.get(name)
             if inst is None or inst.role != role:
@@ -105,6 +109,8 @@ class Instances:
             if self._by_name.pop(name, None) is None:
                 return False
             self.cluster.remove(name)
+            if self.events is not None:
+                self.events.forget(name)
             log.info("instance %s left", name)
             return True
 
@@ -150,7 +156,7 @@ async def poll(peer: jsonhttp.AsyncPeer, url: str, timeout: float = 2.0) -> dict
     if health.status != 200 or load.status != 200:
         raise OSError(f"{url} answered {health.status}/{load.status}")
     return {"name": health.body.get("name"), "role": health.body.get("role"), "url": url,
-            "load": load.body}
+            "load": load.body, "kv_events": health.body.get("kv_events")}
 
 
 class Poller:

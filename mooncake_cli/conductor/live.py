@@ -129,7 +129,7 @@ class Conductor:
         times) or the decode side turns out to be full after all (back to the queue's head:
         the conductor then counts that instance full until it reports or frees room)."""
         keys = block_keys(ids, self.model.ns)
-        sreq = Request(rid, len(ids), req.sampling.max_tokens, keys)
+        sreq = Request(rid, len(ids), req.sampling.max_tokens, keys, ids)
         param = "messages" if req.chat else "prompt"
         tried: list[str] = []
         attempt, full = 0, False

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from mooncake_cli.prometheus import ScrapeCollector, new_registry, render
@@ -81,6 +81,7 @@ class ConductorMetrics:
                                        "answer it had, on another one.",
                                        buckets=TTFT_BUCKETS, registry=self.registry)
         self.queue_length: Callable[[], int] = lambda: 0
+        self.kv_streams: Callable[[], list[dict[str, Any]]] = list  # Indexer.snapshot
         self._cached_blocks = cached_blocks
         self._instances: list[dict[str, Any]] = []
         self._render_lock = threading.Lock()
@@ -137,6 +138,23 @@ class ConductorMetrics:
             if self._cached_blocks is not None:
                 cached.add_metric(key, self._cached_blocks(str(i["name"])))
         yield from (alive, running, cached)
+        yield from self._kv_events()
+
+    def _kv_events(self) -> Iterator[Metric]:
+        """Per KV event stream (a followed worker's, or one the indexer API registered)."""
+        events = CounterMetricFamily(PREFIX + "kv_events", "KV event streams: batches and "
+                                     "events applied, gaps, batches replayed, gaps not "
+                                     "recovered, malformed frames, blocks stored/removed.",
+                                     labels=["stream", "kind"])
+        held = GaugeMetricFamily(PREFIX + "kv_event_blocks", "Engine blocks a KV event stream "
+                                 "says are held, by medium.", labels=["stream", "medium"])
+        for s in self.kv_streams():
+            name = f"{s['instance_id']}|{s['tenant_id']}|{s['dp_rank']}"
+            for kind, v in sorted(s["counts"].items()):
+                events.add_metric([name, kind], float(v))
+            for medium, n in sorted(s["blocks"].items()):
+                held.add_metric([name, medium], float(n))
+        yield from (events, held)
 
     def render(self, instances: list[dict[str, Any]]) -> str:
         with self._render_lock:

@@ -17,6 +17,7 @@ from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
+from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.http_front import AUDITED, OPENAI, routes
 from mooncake_cli.conductor.identities import Identities
 from mooncake_cli.conductor.indexer import Indexer
@@ -93,6 +94,10 @@ class ConductorService:
         limits = Limits(max_connections=cfg.max_connections, idle_timeout=cfg.idle_timeout)
         self.audit = AuditLog.open(cfg.audit_log, "conductor")
         self.indexer = Indexer()  # the KV indexer API's event streams (docs/indexer.md)
+        # workers registering their KV events are followed through the same indexer
+        instances.events = self.conductor.bookings.events = EventRouting(
+            self.indexer, model.name, cfg.block_size)
+        metrics.kv_streams = self.indexer.snapshot
         self.app = edge_app(routes(self.conductor, Identities(instances))
                             + indexer_routes(self.indexer), limits,
                             guard=Gate(secret, cfg.api_key, OPENAI + INDEXER_READ),

@@ -21,6 +21,7 @@ class Request:
     input_tokens: int
     output_tokens: int
     block_keys: Sequence[Hashable]
+    tokens: Sequence[int] = ()  # the prompt's ids (live: to match KV events' sequence hashes)
 
     def __post_init__(self) -> None:
         if self.input_tokens < 1 or self.output_tokens < 0:

@@ -52,6 +52,7 @@ class EngineSpec:
     protocol: str  # MooncakeConnector's mooncake_protocol: tcp or auto
     secret: str
     bootstrap_port: int  # prefill: where vLLM's Mooncake bootstrap server listens
+    kv_events: dict[str, Any] | None = None  # vLLM's KVEventsConfig (kv_events.py), or none
 
 
 def connector_config(spec: EngineSpec) -> dict[str, Any]:
@@ -126,7 +127,7 @@ class VllmEngine:
         sink.token_bytes = self.block_bytes // spec.block_size
 
     def _start(self, sink: EngineStats) -> Any:
-        from vllm.config import KVTransferConfig
+        from vllm.config import KVEventsConfig, KVTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -137,7 +138,8 @@ class VllmEngine:
             num_gpu_blocks_override=s.kv_blocks, max_num_batched_tokens=s.chunk_size,
             # compiling takes minutes on a CPU and gains little there
             enforce_eager=current_platform.is_cpu(),
-            kv_transfer_config=KVTransferConfig(**connector_config(s)))
+            kv_transfer_config=KVTransferConfig(**connector_config(s)),
+            kv_events_config=KVEventsConfig(**s.kv_events) if s.kv_events else None)
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[logger_class(sink)])
         to_file(self.log)  # after AsyncLLM, which configures vLLM's logging (to stdout)
         return llm

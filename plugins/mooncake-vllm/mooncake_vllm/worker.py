@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mooncake_vllm.engine import EngineSpec, VllmEngine
+from mooncake_vllm.kv_events import EventSockets
 from mooncake_vllm.model_dir import model_folder
 from mooncake_vllm.startlog import new_log
 from mooncake_vllm.stats import EngineStats
@@ -91,6 +92,8 @@ class VllmWorker:
         self.name = cfg.name or f"{self.role}@{self.reach}:{self.http.port}"
         self.vllm_log = new_log(self.name)
         self.bootstrap = free_port(host)
+        # a prefill worker's KV events tell the conductor what its vLLM holds
+        self.events = EventSockets.open(host, self.reach) if self.role == "prefill" else None
         self._registrar: Registrar | EtcdRegistrar | None = None
         self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
         self._stopping = threading.Event()
@@ -101,10 +104,13 @@ class VllmWorker:
             dtype=cfg.dtype, block_size=cfg.block_size, kv_blocks=cfg.kv_blocks,
             chunk_size=cfg.chunk_size, store=cfg.store if cfg.uses_store else "",
             segment_size=cfg.segment_size, protocol=PROTOCOLS.get(tc.transport, "auto"),
-            secret=tc.secret, bootstrap_port=self.bootstrap)
+            secret=tc.secret, bootstrap_port=self.bootstrap,
+            kv_events=self.events.config() if self.events is not None else None)
         try:
             self.engine = VllmEngine(spec, self.stats, self.vllm_log)
         except BaseException:
+            if self.events is not None:
+                self.events.close()
             self.http.close()
             if self.audit is not None:
                 self.audit.close()
@@ -148,7 +154,12 @@ class VllmWorker:
         status = "dead" if self.engine_dead() else \
             "draining" if self.draining.is_set() else "ok"
         return {"status": status, "role": self.role, "name": self.name, "model": self.ns.model,
-                "block_size": self.cfg.block_size}
+                "block_size": self.cfg.block_size, **self._kv_events()}
+
+    def _kv_events(self) -> dict[str, Any]:
+        if self.events is None:
+            return {}
+        return {"kv_events": self.events.registration(self.cfg.block_size)}
 
     def engine_dead(self) -> bool:
         """Whether vLLM's engine has died (its engine-core process gone, say): vLLM notices
@@ -165,7 +176,7 @@ class VllmWorker:
 
     def registration(self) -> dict[str, Any]:
         return {"role": self.role, "name": self.name, "url": self.url, "model": self.ns.model,
-                "block_size": self.cfg.block_size, "load": self.load()}
+                "block_size": self.cfg.block_size, "load": self.load(), **self._kv_events()}
 
     def describe(self) -> dict[str, Any]:
         from vllm import __version__
@@ -238,6 +249,8 @@ class VllmWorker:
             self.http.run(peer.close())
         self.http.close()
         self.engine.close()
+        if self.events is not None:
+            self.events.close()
         if self.audit is not None:
             self.audit.close()
             self.audit = None

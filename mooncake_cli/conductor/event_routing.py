@@ -1,0 +1,85 @@
+"""Routing on KV events: what a prefill worker whose engine publishes its KV events (a vLLM
+role) holds is what its events say, not what the conductor placed there.
+
+A registration carrying `kv_events` becomes an indexer stream (conductor/indexer.py: the same
+streams the indexer API serves; instance_id = the worker's name, tenant "default", the
+conductor's model name, at the conductor's block size: the stream rehashes each event's token
+ids, whatever the engine's block size). Before each decision, `sync` makes the scheduler's
+cache index agree with the streams on the request's blocks: each followed worker holds
+exactly the leading blocks its events say it holds on any medium. Blocks the engine evicted
+are gone from the index at the next decision that asks for them, and a prefill answer's
+`stored_keys` are not taken on faith for followed workers (`follows`): the events say it.
+
+A block of the conductor's size is known by its sequence hash (`seqhash`); the cache index by
+our block keys (`kvkeys`). Both cut the prompt at the same block size, so the i-th of each
+name the same block and the translation is positional, per request.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+
+from mooncake_cli.api.indexer import Kind, Register, Unregister
+from mooncake_cli.api.roles import KvEvents
+from mooncake_cli.conductor.index import CacheIndex
+from mooncake_cli.conductor.indexer import Indexer, Scope
+from mooncake_cli.conductor.seqhash import seq_hashes
+
+KIND: Kind = "vLLM"  # the batch format; SGLang's is the same wire
+
+
+class EventRouting:
+    def __init__(self, indexer: Indexer, model: str, block_size: int) -> None:
+        self.indexer, self.model, self.block_size = indexer, model, block_size
+        self._followed: dict[str, KvEvents] = {}
+        self._lock = threading.Lock()
+
+    def follow(self, name: str, role: str, src: KvEvents | None) -> None:
+        """Subscribe to a prefill worker's events (again with a new source; a heartbeat with
+        the same one changes nothing). ServingError 400 for an endpoint ZMQ refuses."""
+        if role != "prefill" or src is None:
+            self.forget(name)
+            return
+        with self._lock:
+            if self._followed.get(name) == src:
+                return
+        self.indexer.register(Register(
+            type=KIND, modelname=self.model, instance_id=name, block_size=self.block_size,
+            endpoint=src.endpoint, replay_endpoint=src.replay_endpoint))
+        with self._lock:
+            self._followed[name] = src
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            if self._followed.pop(name, None) is None:
+                return
+        self.indexer.unregister(Unregister(type=KIND, modelname=self.model, instance_id=name,
+                                           block_size=self.block_size))
+
+    def follows(self, name: str) -> bool:
+        with self._lock:
+            return name in self._followed
+
+    def followed(self) -> list[str]:
+        with self._lock:
+            return sorted(self._followed)
+
+    def sync(self, index: CacheIndex, tokens: Sequence[int],
+             keys: Sequence[Hashable]) -> dict[str, int]:
+        """Set each followed worker's holding of `keys` (the blocks of `tokens`) in `index` to
+        what its events say; returns the leading blocks each holds (for explain)."""
+        with self._lock:
+            names = list(self._followed)
+        if not names or not keys:
+            return {}
+        hashes = seq_hashes(tokens, self.block_size)[:len(keys)]
+        matches = self.indexer.match(Scope(self.model, self.block_size), hashes)
+        depths: dict[str, int] = {}
+        for name in names:
+            m = matches.get(name)
+            d = depths[name] = m.longest_matched // self.block_size if m is not None else 0
+            if index.knows(name):  # not yet (or no longer) in the cluster: nothing to set
+                index.evict(name, keys[d:])
+                index.store(name, keys[:d])
+        return depths
