@@ -43,7 +43,7 @@ def test_register_needs_the_secret_and_bad_bodies_are_4xx(conductor, publishers)
     for change, param in (({"endpoint": "tcp://*:5557"}, "endpoint"),
                           ({"endpoint": "inproc://x"}, "endpoint"),
                           ({"replay_endpoint": "http://h:1"}, "replay_endpoint"),
-                          ({"type": "Mooncake"}, "type"), ({"type": "TRT"}, "type"),
+                          ({"type": "TRT"}, "type"),
                           ({"block_size": 0}, "block_size"), ({"dp_rank": -1}, "dp_rank"),
                           ({"instance_id": None}, "instance_id"), ({"extra": 1}, "extra"),
                           ({"modelname": ""}, "modelname")):

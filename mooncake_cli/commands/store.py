@@ -23,8 +23,9 @@ from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import ObjectNotFound
 from mooncake_cli.store.ha.election import HaMaster
 from mooncake_cli.store.ha.leader import LeaderInfo
+from mooncake_cli.store.master.events import ObjectEvents
 from mooncake_cli.store.records import ReplicateConfig, StoreStats
-from mooncake_cli.store.service import MasterService, master_from, truth
+from mooncake_cli.store.service import MasterService, events_from, master_from, truth
 from mooncake_cli.transfer.engine import TransferEngine
 
 app = typer.Typer(no_args_is_help=True,
@@ -102,6 +103,15 @@ def master(
     cluster_id: str = typer.Option(
         None, "--cluster-id", "--cluster_id", metavar="NAME",
         help="This store's subdirectory of --root-fs-dir [default: mooncake_cluster]."),
+    kv_events: str = typer.Option(
+        None, "--kv-events", metavar="ENDPOINT",
+        help="Publish object events (stored, removed, cleared: the KV events wire, see "
+             "docs/indexer.md) on this ZMQ endpoint: tcp://HOST:PORT (port 0: any free one), "
+             "ipc://PATH, or a PORT of the listen address [default: off]."),
+    kv_events_replay: str = typer.Option(
+        None, "--kv-events-replay", metavar="ENDPOINT",
+        help="Where missed event batches are replayed [default: --kv-events' port + 1, or "
+             "its ipc path + .replay]."),
 ) -> None:
     """Run the store master (metadata, allocation, leases, eviction) until Ctrl-C. The
     offload/promotion flags take upstream's spellings too (--offload_on_evict=false)."""
@@ -124,14 +134,32 @@ def master(
                        eviction=eviction, metrics_port=metrics_port, ha=ha,
                        soft_pin_ttl=soft_pin_ttl,
                        promotion_admission_threshold=promotion_admission_threshold,
-                       root_fs_dir=root_fs_dir, cluster_id=cluster_id, **flags)
+                       root_fs_dir=root_fs_dir, cluster_id=cluster_id, kv_events=kv_events,
+                       kv_events_replay=kv_events_replay, **flags)
     require_secret(cfg.host, cfg.secret, "the store master")
+    events = events_from(cfg)
+    try:
+        address = _serve_master(out, cfg, events)
+    finally:
+        if events is not None:
+            events.close()
+    out.event({"event": "stopped", "address": address}, "stopped")
+
+
+def _serve_master(out: Out, cfg: StoreConfig, events: ObjectEvents | None) -> str:
+    """Serve until a signal; the address served."""
     with c.stop_signals() as stop, MasterService(
-            master_from(cfg), cfg.host, cfg.port, cfg.secret or None,
+            master_from(cfg, events), cfg.host, cfg.port, cfg.secret or None,
             metrics_port=None if cfg.metrics_port < 0 else cfg.metrics_port,
             encrypt=cfg.encrypt or None, starting=bool(cfg.ha)) as service:
         ready: dict[str, Any] = {"event": "ready", "address": service.address,
                                  "auth": bool(cfg.secret), "eviction": cfg.eviction}
+        events_line = ""
+        if events is not None:
+            events.backend_id = service.address
+            ready.update(kv_events=events.endpoint, kv_events_replay=events.replay_endpoint)
+            events_line = (f"  kv events: {escape(events.endpoint)} (replay "
+                           f"{escape(events.replay_endpoint)})\n")
         if service.metrics_url:
             ready["metrics"] = service.metrics_url
         if cfg.ha:
@@ -151,6 +179,7 @@ def master(
                   f"  node:  mooncake store serve --master {escape(target)}\n"
                   f"  stats: mooncake store stat --master {escape(target)}\n"
                   f"{metrics_line}"
+                  f"{events_line}"
                   f"{fs_line}"
                   "Ctrl-C to stop.")
 
@@ -160,14 +189,14 @@ def master(
                        "term": term}, f"elected leader (term {term})" if leading else
                       "lost the leadership: standing by")
 
-        ha_master = HaMaster(service, cfg.ha, lambda: master_from(cfg),
+        ha_master = HaMaster(service, cfg.ha, lambda: master_from(cfg, events),
                              on_change=changed) if cfg.ha else None
         try:
             c.wait_for_signal(stop, settle_heap=True)
         finally:
             if ha_master is not None:
                 ha_master.close()
-    out.event({"event": "stopped", "address": service.address}, "stopped")
+    return service.address
 
 
 @app.command()

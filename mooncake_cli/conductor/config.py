@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mooncake_cli.config import described
-from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.interfaces import ConfigError, MooncakeError
 
 PIPELINE = "kvcache-pipeline"  # the policy that spreads a prefill over stages (our engine's)
 
@@ -97,6 +97,12 @@ class ConductorConfig:
                                "the prefix index with every conductor started with the same "
                                "address, and serve the workers registered there (the "
                                "registry, unless --registry names another)")
+    store_events: str = described("", "tcp://HOST:PORT of a store master's object events "
+                                      "(its --kv-events): the indexer follows what the store "
+                                      "holds from the start, as a /register of type Mooncake "
+                                      "would")
+    store_events_replay: str = described("", "their replay endpoint (none: --store-events' "
+                                             "port + 1, as the master derives it)")
     peer_ttl: int = described(5, "seconds this conductor's bookings outlive it in etcd when it "
                                  "dies (its lease; refreshed every third of it)")
     max_connections: int = described(16384, "HTTP connections (and requests) at once; 503 "
@@ -127,6 +133,16 @@ class ConductorConfig:
             for url in (self.registry, self.peers):
                 if url:
                     parse(url)
+        if self.store_events_replay and not self.store_events:
+            raise ConfigError("store_events_replay needs store_events")
+        for name in ("store_events", "store_events_replay"):
+            if getattr(self, name):
+                from mooncake_cli.store.master.events import replay_of
+
+                try:
+                    replay_of(getattr(self, name))  # the form of an endpoint, checked
+                except MooncakeError as e:
+                    raise ConfigError(f"{name}: {e}") from None
         if self.peer_ttl < 2:
             raise ConfigError(f"peer_ttl must be >= 2 seconds (etcd's shortest lease), got "
                               f"{self.peer_ttl}")

@@ -10,6 +10,11 @@ A stream is one (instance_id, tenant_id, dp_rank); registering it again with the
 and scope is a no-op, with another one replaces it. A query sees the streams of its tenant
 whose model, block size, salt (`additionalsalt` = `cache_salt`, none = "") match; the LoRA is
 each block's own (an event's lora_name, else the registration's). At most `max_streams`.
+
+A `type: "Mooncake"` stream is a store master's per-object events (store_index.StoreIndex):
+it answers a query of its tenant and salt whose model is its `modelname` ("*": any) at any
+block size its keys have, from the query's token ids (`match(..., token_ids)`); by hashes
+alone it matches nothing. `store_depth(keys)` asks the store streams about our block keys.
 """
 
 from __future__ import annotations
@@ -18,14 +23,15 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import zmq
 
 from mooncake_cli.api.errors import ErrorCode, ServingError, bad
 from mooncake_cli.api.indexer import InstanceMatch, Register, Unregister
-from mooncake_cli.conductor.event_index import StreamIndex
+from mooncake_cli.conductor.event_index import TIERS, Match, StreamIndex
 from mooncake_cli.conductor.kv_subscriber import Subscriber
+from mooncake_cli.conductor.store_index import StoreIndex
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +48,13 @@ class Scope:
     salt: str = ""
 
 
+STORE: Final = "Mooncake"  # the registration type of a store master's events
+
+
 @dataclass
 class _Stream:
     reg: Register
-    index: StreamIndex
+    index: StreamIndex | StoreIndex
     sub: Subscriber
 
     @property
@@ -54,9 +63,20 @@ class _Stream:
 
     def serves(self, scope: Scope) -> bool:
         r = self.reg
+        if isinstance(self.index, StoreIndex):
+            return (r.tenant_id, r.additionalsalt or "") == (scope.tenant_id, scope.salt) and \
+                r.modelname in ("*", scope.model) and scope.instance_id in (None, r.instance_id)
         return (r.tenant_id, r.modelname, r.block_size, r.additionalsalt or "") == \
             (scope.tenant_id, scope.model, scope.block_size, scope.salt) and \
             scope.instance_id in (None, r.instance_id)
+
+    def match(self, scope: Scope, hashes: Sequence[int],
+              token_ids: Sequence[int] | None) -> Match:
+        if isinstance(self.index, StoreIndex):
+            if token_ids is None:
+                return Match(0, dict.fromkeys(TIERS, 0))
+            return self.index.match(scope.model, scope.block_size, scope.lora_name, token_ids)
+        return self.index.match(scope.lora_name, hashes)
 
 
 class Indexer:
@@ -71,9 +91,6 @@ class Indexer:
         self._closed = False
 
     def register(self, reg: Register) -> None:
-        if reg.type == "Mooncake":
-            raise bad("type 'Mooncake' (a store master's per-object events) is not supported "
-                      "yet: register vLLM or SGLang event publishers", "type")
         key = (reg.instance_id, reg.tenant_id, reg.dp_rank)
         with self._lock:
             if self._closed:
@@ -90,13 +107,25 @@ class Indexer:
                 sock = Subscriber.connect(self._ctx, reg.endpoint)
             except zmq.ZMQError as e:
                 raise bad(f"'endpoint' {reg.endpoint}: {e}", "endpoint") from None
-            index = StreamIndex(reg.block_size, reg.lora_name, self.max_nodes)
+            store = reg.type == STORE
+            index = StoreIndex() if store else \
+                StreamIndex(reg.block_size, reg.lora_name, self.max_nodes)
             sub = Subscriber(self._ctx, sock, reg.replay_endpoint, index,
                              f"{reg.instance_id}|{reg.tenant_id}|{reg.dp_rank}",
-                             self.replay_timeout)
+                             self.replay_timeout, clear_on_loss=store)
             if old is not None:
                 self._retire(old.sub)
             self._streams[key] = _Stream(reg, index, sub.start())
+
+    def follow_store(self, endpoint: str, replay_endpoint: str | None = None,
+                     instance_id: str = "store") -> None:
+        """Register a store master's events (`mooncake store master --kv-events`) for every
+        model; its replay endpoint derived as the master derives it when not given."""
+        from mooncake_cli.store.master.events import replay_of
+
+        replay = replay_endpoint or replay_of(endpoint)
+        self.register(Register(type=STORE, modelname="*", instance_id=instance_id,
+                               block_size=1, endpoint=endpoint, replay_endpoint=replay))
 
     def unregister(self, req: Unregister) -> list[str]:
         with self._lock:
@@ -114,15 +143,17 @@ class Indexer:
         sub.stop()  # its thread closes its sockets within 0.1 s; `close` joins it
         self._retired = [r for r in self._retired if r.alive()] + [sub]
 
-    def match(self, scope: Scope, hashes: Sequence[int]) -> dict[str, InstanceMatch]:
+    def match(self, scope: Scope, hashes: Sequence[int],
+              token_ids: Sequence[int] | None = None) -> dict[str, InstanceMatch]:
         """Per instance of `scope`: the tokens of the prefix `hashes` (sequence hashes at
-        `scope.block_size`) that it holds, as the spec's answer has them."""
+        `scope.block_size`; `token_ids` too, for store streams) that it holds, as the spec's
+        answer has them."""
         with self._lock:
             streams = [s for s in self._streams.values() if s.serves(scope)]
         bs = scope.block_size
         per: dict[str, dict[str, Any]] = {}
         for s in sorted(streams, key=lambda s: (s.reg.instance_id, s.reg.dp_rank)):
-            m = s.index.match(scope.lora_name, hashes)
+            m = s.match(scope, hashes, token_ids)
             inst = per.setdefault(s.reg.instance_id, {"longest_matched": 0, "GPU": 0,
                                                       "CPU": 0, "DISK": 0, "DP": {}})
             inst["DP"][str(s.reg.dp_rank)] = m.longest * bs
@@ -130,6 +161,19 @@ class Indexer:
             for tier, blocks in m.tiers.items():
                 inst[tier.upper()] = max(inst[tier.upper()], blocks * bs)
         return {name: InstanceMatch(**v) for name, v in per.items()}
+
+    def store_depth(self, keys: Sequence[str]) -> dict[str, int]:
+        """Leading `keys` (our block keys, kvkeys.block_keys) the store holds, as the deepest
+        store stream says: in some tier ("longest"), in DRAM ("cpu"), on SSD ("disk")."""
+        with self._lock:
+            stores = [s.index for s in self._streams.values() if isinstance(s.index, StoreIndex)]
+        best = {"longest": 0, "cpu": 0, "disk": 0}
+        for index in stores:
+            m = index.depth(keys)
+            for name, n in (("longest", m.longest), ("cpu", m.tiers["cpu"]),
+                            ("disk", m.tiers["disk"])):
+                best[name] = max(best[name], n)
+        return best
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Each stream: its registration, where its events stand, and what it holds."""

@@ -55,7 +55,7 @@ def indexer_routes(ix: Indexer) -> list[Route]:
             hashes = seq_hashes(q.token_ids, q.block_size)
         except ValueError as e:  # out-of-range ids are refused by the model already
             raise bad(str(e), "token_ids") from None
-        return _answer(q.tenant_id, ix.match(_scope(q), hashes))
+        return _answer(q.tenant_id, ix.match(_scope(q), hashes, q.token_ids))
 
     async def query_by_hash(request: Request) -> Response:
         q = parse(ia.QueryByHash, await body(request))

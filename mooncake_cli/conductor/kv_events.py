@@ -13,6 +13,12 @@ medium, lora_name, extra_keys, group_idx), `BlockRemoved` (block_hashes, medium,
 `AllBlocksCleared`. A block hash is vLLM's own (bytes, or an int with
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES): opaque here, only compared. `Malformed` names what is
 wrong; nothing a publisher sends raises anything else.
+
+The shared contract's standard envelope is read for a store master's per-object events: a map
+with `event_type` ("stored", "removed", "cleared"), `object_key` and `medium` ("cpu", "disk",
+...) is an `ObjectStored`, `ObjectRemoved` or `Cleared` (its event_id, timestamp and
+backend_id are not needed: the batch's sequence number orders). Envelope events that carry
+seq_hashes instead of an object key are not read (Malformed).
 """
 
 from __future__ import annotations
@@ -58,7 +64,20 @@ class Cleared:
     pass
 
 
-Event = Stored | Removed | Cleared
+@dataclass(frozen=True)
+class ObjectStored:
+    key: str
+    medium: str
+
+
+@dataclass(frozen=True)
+class ObjectRemoved:
+    key: str
+    medium: str
+
+
+Event = Stored | Removed | Cleared | ObjectStored | ObjectRemoved
+MAX_KEY = 4096  # characters of an object key (the store's own limit is lower)
 
 
 @dataclass(frozen=True)
@@ -121,6 +140,8 @@ def _fields(raw: Any, names: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
 
 
 def decode_event(raw: Any) -> Event:
+    if isinstance(raw, dict) and "event_type" in raw:
+        return _envelope(raw)
     tag, _ = _fields(raw, ())
     if tag == "AllBlocksCleared":
         return Cleared()
@@ -151,6 +172,23 @@ def decode_event(raw: Any) -> Event:
         raise Malformed("extra_keys is not one entry per block")
     return Stored(hashes, parent, tuple(tokens), size, medium_of(f.get("medium")), lora,
                   None if extra is None else tuple(extra), _group(f.get("group_idx")))
+
+
+def _envelope(raw: dict[Any, Any]) -> Event:
+    """A standard-envelope event of a store master (object_key)."""
+    kind = raw["event_type"]
+    if kind == "cleared":
+        return Cleared()
+    if kind not in ("stored", "removed"):
+        raise Malformed(f"unknown event_type {str(kind)[:40]!r}")
+    key = raw.get("object_key")
+    if key is None:
+        raise Malformed("a standard-envelope event without object_key (seq_hashes are not "
+                        "read)")
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY:
+        raise Malformed("object_key is not a key")
+    medium = medium_of(raw.get("medium"))
+    return ObjectStored(key, medium) if kind == "stored" else ObjectRemoved(key, medium)
 
 
 def _is_hash(h: Any) -> bool:

@@ -12,6 +12,9 @@ buffers, or all of them without a replay endpoint, are counted `unrecovered`). T
 seen opens a gap from 0, so a conductor that registers a running engine gets what its buffer
 still holds. A number below the expected one is a restarted publisher: the stream starts over
 (its blocks forgotten). A malformed message is counted and logged (rarely), never raised.
+With `clear_on_loss` (a store master's stream, whose events are not idempotent hints but the
+only record of what it holds), a gap the replay cannot fill forgets the index first: the
+master answers such a replay with a resync (`cleared`, then all it holds).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
 
 import zmq
 
-from mooncake_cli.conductor.event_index import StreamIndex
-from mooncake_cli.conductor.kv_events import Malformed, decode_batch, sequence_number
+from mooncake_cli.conductor.kv_events import Event, Malformed, decode_batch, sequence_number
 
 log = logging.getLogger(__name__)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -32,13 +36,23 @@ MAX_MESSAGE = 32 << 20  # bytes of one ZMQ message (a bigger one drops the conne
 RCV_HWM = 10_000  # batches queued in the SUB socket before ZMQ drops (then: a gap, a replay)
 
 
+class Index(Protocol):
+    """What a stream's events go into (event_index.StreamIndex, store_index.StoreIndex)."""
+
+    def apply(self, events: Sequence[Event]) -> None: ...
+
+    def clear(self) -> None: ...
+
+
 class Subscriber:
     """`sub` is connected by the caller (so a bad endpoint is the caller's error)."""
 
     def __init__(self, ctx: zmq.Context, sub: zmq.Socket, replay_endpoint: str | None,
-                 index: StreamIndex, name: str, replay_timeout: float = 2.0) -> None:
+                 index: Index, name: str, replay_timeout: float = 2.0,
+                 clear_on_loss: bool = False) -> None:
         self.ctx, self.sub, self.replay_endpoint = ctx, sub, replay_endpoint
         self.index, self.name, self.replay_timeout = index, name, replay_timeout
+        self.clear_on_loss = clear_on_loss
         self.counts: Counter[str] = Counter()
         self.expected = 0
         self._dealer: zmq.Socket | None = None
@@ -140,6 +154,9 @@ class Subscriber:
         self.counts["gaps"] += 1
         start = self.expected
         got = self._replay(start, upto) if self.replay_endpoint else {}
+        if self.clear_on_loss and len(got) < upto - start:
+            self.counts["cleared_on_loss"] += 1
+            self.index.clear()
         for seq in range(start, upto):
             payload = got.get(seq)
             if payload is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mooncake_cli.config import size_field
-from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.interfaces import ConfigError, MooncakeError
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,8 @@ class StoreConfig:
     port: int = 50051  # master: RPC port
     metrics_port: int = -1  # master: HTTP port of /metrics and /health (-1: off, 0: any free)
     ha: str = ""  # master: etcd://HOST:PORT[,...][/CLUSTER] to run as an HA candidate
+    kv_events: str = ""  # master: ZMQ endpoint (or PORT) to publish object events on; "" off
+    kv_events_replay: str = ""  # master: their replay endpoint ("": kv_events' port + 1)
     secret: str = ""  # shared secret: every request carries an HMAC-SHA256 keyed by it
     encrypt: bool = False  # CurveZMQ on the RPC, keyed by the secret (master and clients)
     segment_size: int = size_field(64 << 20, "DRAM a client contributes")
@@ -50,6 +52,16 @@ class StoreConfig:
                               f"(-1: no metrics)")
         if self.ha:
             HaAddress.parse(self.ha)  # ConfigError saying what is wrong
+        if self.kv_events_replay and not self.kv_events:
+            raise ConfigError("kv_events_replay needs kv_events, the events' endpoint")
+        for name in ("kv_events", "kv_events_replay"):
+            if getattr(self, name):
+                from mooncake_cli.store.master.events import endpoint_of
+
+                try:
+                    endpoint_of(getattr(self, name), self.host)
+                except MooncakeError as e:
+                    raise ConfigError(f"{name}: {e}") from None
         if is_ha(self.master):
             HaAddress.parse(self.master)
         if self.segment_size < 0:

@@ -36,6 +36,7 @@ from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.ha.acks import Acks, Pending
 from mooncake_cli.store.ha.leader import LeaderInfo, NotLeader
 from mooncake_cli.store.master import StoreMaster
+from mooncake_cli.store.master.events import ObjectEvents, endpoint_of
 from mooncake_cli.store.metrics import MetricsServer
 from mooncake_cli.store.wire import curve, protocol
 from mooncake_cli.store.wire.fastlane import serve_lane
@@ -283,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int,
                     help="serve Prometheus /metrics and /health here (0: any free port)")
     ap.add_argument("--ha", help="etcd://HOST:PORT[,...][/CLUSTER]: run as an HA candidate")
+    ap.add_argument("--kv-events", help="publish object events on this ZMQ endpoint (or PORT)")
+    ap.add_argument("--kv-events-replay", help="their replay endpoint (default: derived)")
     ap.add_argument("--config", help="TOML file with a [store] table")
     ap.add_argument("--eviction", help="eviction policy: lru (default), lfu, adaptive, arc, "
                                        "prefix or a plugin's")
@@ -298,15 +301,27 @@ def main(argv: list[str] | None = None) -> int:
     file = args.pop("config")
     try:
         cfg = load(StoreConfig, "store", file, **args)
-        master = master_from(cfg)
+        events = events_from(cfg)
     except MooncakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        master = master_from(cfg, events)
+    except MooncakeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if events is not None:
+            events.close()
+        return 2
     with stop_signals() as stop:
-        return _serve(cfg, master, stop)
+        try:
+            return _serve(cfg, master, stop, events)
+        finally:
+            if events is not None:
+                events.close()
 
 
-def _serve(cfg: StoreConfig, master: StoreMaster, stop: StopFlag) -> int:
+def _serve(cfg: StoreConfig, master: StoreMaster, stop: StopFlag,
+           events: ObjectEvents | None = None) -> int:
     """Serve `master` as `cfg` says until `stop` is set; the exit code."""
     from mooncake_cli.store.ha.election import HaMaster
 
@@ -317,8 +332,11 @@ def _serve(cfg: StoreConfig, master: StoreMaster, stop: StopFlag) -> int:
     except MooncakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    ha = HaMaster(service, cfg.ha, lambda: master_from(cfg)) if cfg.ha else None
+    ha = HaMaster(service, cfg.ha, lambda: master_from(cfg, events)) if cfg.ha else None
     ready = {"event": "ready", "address": service.address}
+    if events is not None:
+        events.backend_id = service.address
+        ready.update(kv_events=events.endpoint, kv_events_replay=events.replay_endpoint)
     if service.metrics_url:
         ready["metrics"] = service.metrics_url
     if cfg.ha:
@@ -333,17 +351,30 @@ def _serve(cfg: StoreConfig, master: StoreMaster, stop: StopFlag) -> int:
     return 0
 
 
-def master_from(cfg: StoreConfig) -> StoreMaster:
-    """A master with the policy of `cfg`."""
-    return StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
-                       client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
-                       eviction_ratio=cfg.eviction_ratio, eviction=cfg.eviction,
-                       soft_pin_ttl=cfg.soft_pin_ttl,
-                       offload_on_evict=cfg.enable_offload and cfg.offload_on_evict,
-                       promotion_on_hit=cfg.enable_offload and cfg.promotion_on_hit,
-                       promotion_threshold=cfg.promotion_admission_threshold,
-                       fs_dir=os.path.join(cfg.root_fs_dir, cfg.cluster_id)
-                       if cfg.root_fs_dir else "")
+def events_from(cfg: StoreConfig, backend_id: str = "") -> ObjectEvents | None:
+    """The object-event publisher `cfg` asks for (bound now), or None."""
+    if not cfg.kv_events:
+        return None
+    endpoint = endpoint_of(cfg.kv_events, cfg.host)
+    replay = endpoint_of(cfg.kv_events_replay, cfg.host) if cfg.kv_events_replay else None
+    return ObjectEvents(endpoint, replay, backend_id=backend_id)
+
+
+def master_from(cfg: StoreConfig, events: ObjectEvents | None = None) -> StoreMaster:
+    """A master with the policy of `cfg`, its object changes published by `events` (which
+    announces the new state with `cleared`)."""
+    master = StoreMaster(lease_ttl=cfg.lease_ttl, put_timeout=cfg.put_timeout,
+                         client_ttl=cfg.client_ttl, high_watermark=cfg.high_watermark,
+                         eviction_ratio=cfg.eviction_ratio, eviction=cfg.eviction,
+                         soft_pin_ttl=cfg.soft_pin_ttl,
+                         offload_on_evict=cfg.enable_offload and cfg.offload_on_evict,
+                         promotion_on_hit=cfg.enable_offload and cfg.promotion_on_hit,
+                         promotion_threshold=cfg.promotion_admission_threshold,
+                         fs_dir=os.path.join(cfg.root_fs_dir, cfg.cluster_id)
+                         if cfg.root_fs_dir else "")
+    if events is not None:
+        events.attach(master)
+    return master
 
 
 if __name__ == "__main__":

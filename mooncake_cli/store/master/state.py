@@ -9,7 +9,9 @@ it right after sending the answer, before it lets the lock go (service.py), so n
 state without it; outside a service it runs at once. The parts that keep books about objects
 (tiering's moves, replication's pending adds) subscribe to the events they need: `on_drop` (an
 object removed, before its replicas are freed), `on_shed` (an object's DRAM replicas evicted)
-and `on_lost` (segments unmounted). Every method expects the lock to be held.
+and `on_lost` (segments unmounted). `events`, when set (master/events.py), hears every change
+of an object's replicas as (old, new), None for absent. Every method expects the lock to be
+held.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class MasterState:
         self.on_shed: list[Callable[[ObjectMeta, bool], None]] = []  # (meta, gone)
         self.on_lost: list[Callable[[list[Segment]], None]] = []
         self.later: list[Callable[[], None]] | None = None  # deferred work (a service's)
+        self.events: Callable[[ObjectMeta | None, ObjectMeta | None], None] | None = None
 
     def defer(self, work: Callable[[], None]) -> None:
         """Run `work` once the answer under way has gone out, the lock still held (or now)."""
@@ -100,6 +103,8 @@ class MasterState:
             self.pending.pop(meta.key, None)
         if _journaled(old, meta):
             self.reports.note(old, meta)
+            if self.events is not None:
+                self.events(old, meta)
         return meta
 
     def admit(self, meta: ObjectMeta) -> ObjectMeta:
@@ -130,6 +135,9 @@ class MasterState:
             pending.pop(new.key, None)
             touch(new.key, False)
         self.reports.note_ended(pairs, own)
+        if self.events is not None:
+            for old, new in pairs:
+                self.events(old, new)
 
     def lease(self, meta: ObjectMeta, now: float) -> ObjectMeta:
         until = now + self.lease_ttl
@@ -153,6 +161,8 @@ class MasterState:
             self.pending.pop(key, None)
         self.reports.note(meta, None, own)
         self.policy.remove(key, evicted)
+        if self.events is not None:
+            self.events(meta, None)
         return meta
 
     def drop(self, key: str, own: str = "") -> None:
