@@ -137,7 +137,7 @@ class ConductorConfig:
             raise ConfigError("store_events_replay needs store_events")
         for name in ("store_events", "store_events_replay"):
             if getattr(self, name):
-                from mooncake_cli.store.master.events import replay_of
+                from mooncake_cli.store.master.event_wire import replay_of
 
                 try:
                     replay_of(getattr(self, name))  # the form of an endpoint, checked

@@ -4,10 +4,9 @@ replica lands on another tier), one `removed` when that medium's last complete r
 (removed, evicted, offloaded away, expired, its node gone), `cleared` when the master's state
 starts over (a new master, an HA term won or lost) and before a resync.
 
-Wire: vLLM's batches, [topic b"", sequence number (8 bytes big-endian), msgpack
-[timestamp, [events...], 0]], each event a map in the standard envelope with `object_key`
-({"event_type", "event_id", "timestamp", "object_key", "medium" ("cpu": DRAM, "disk": SSD),
-"backend_id"}). A ROUTER answers vLLM's replay request from the last `buffer` batches.
+Wire: vLLM's batches and replay (event_wire.py), each event a map in the standard envelope
+with `object_key` ({"event_type", "event_id", "timestamp", "object_key", "medium" ("cpu":
+DRAM, "disk": SSD), "backend_id"}).
 
 The master's request path only appends to a deque under the lock it already holds
 (`changed`) and wakes this thread through a pipe; nothing there blocks. Past `queue_size`
@@ -28,10 +27,9 @@ import time
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import zmq
 
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.master.event_wire import EventWire, endpoint_of, replay_of
 from mooncake_cli.store.records import ObjectMeta, ReplicaStatus
 
 if TYPE_CHECKING:
@@ -39,10 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mooncake.store.events")
 MEDIA = {"dram": "cpu", "ssd": "disk"}
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _NONE: frozenset[str] = frozenset()
 _COMPLETE = ReplicaStatus.COMPLETE
-_ENCODER = msgspec.msgpack.Encoder()
+__all__ = ["ObjectEvents", "endpoint_of", "held_tiers", "replay_of"]
 
 
 def held_tiers(meta: ObjectMeta | None) -> frozenset[str]:
@@ -50,41 +47,6 @@ def held_tiers(meta: ObjectMeta | None) -> frozenset[str]:
     if meta is None or meta.put_deadline is not None:
         return _NONE
     return frozenset(r.tier for r in meta.replicas if r.status is _COMPLETE)
-
-
-def endpoint_of(value: str, host: str = "127.0.0.1") -> str:
-    """A publisher endpoint from `value`: tcp://HOST:PORT, ipc://PATH, or a bare PORT on
-    `host` (the master's listen address)."""
-    if value.isdigit():
-        value = f"tcp://[{host}]:{value}" if ":" in host else f"tcp://{host}:{value}"
-    replay_of(value)  # StoreError when it is neither
-    return value
-
-
-def replay_of(endpoint: str) -> str:
-    """The replay endpoint derived from a publisher's: the next TCP port (0 stays 0: any free
-    one), or the IPC path with ".replay" appended."""
-    if endpoint.startswith("ipc://"):
-        return endpoint + ".replay"
-    base, _, port = endpoint.rpartition(":")
-    if not endpoint.startswith("tcp://") or not port.isdigit():
-        raise StoreError(f"kv events endpoint {endpoint!r}: use tcp://HOST:PORT or ipc://PATH",
-                         ErrorCode.INVALID_PARAMS)
-    return f"{base}:{int(port) + 1 if int(port) else 0}"
-
-
-def _bind(sock: zmq.Socket, endpoint: str) -> str:
-    """Bind `endpoint` (a TCP port 0: any free one); the endpoint bound."""
-    base, _, port = endpoint.rpartition(":")
-    try:
-        if endpoint.startswith("tcp://") and port == "0":
-            sock.bind(f"{base}:*")
-            return sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        sock.bind(endpoint)
-    except zmq.ZMQError as e:
-        raise StoreError(f"cannot publish kv events on {endpoint}: {e}",
-                         ErrorCode.RPC_FAIL) from None
-    return endpoint
 
 
 class ObjectEvents:
@@ -95,29 +57,15 @@ class ObjectEvents:
                  backend_id: str = "", queue_size: int = 1 << 16, buffer: int = 10_000,
                  max_batch: int = 512) -> None:
         self.backend_id, self.queue_size, self.max_batch = backend_id, queue_size, max_batch
-        replay = replay_endpoint or replay_of(endpoint)
         self.counts: Counter[str] = Counter()
-        self._ctx = zmq.Context()
-        self._pub = self._ctx.socket(zmq.XPUB)
-        self._router = self._ctx.socket(zmq.ROUTER)
-        for s in (self._pub, self._router):
-            s.setsockopt(zmq.LINGER, 0)
-        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, not just the first
-        self._pub.setsockopt(zmq.SNDHWM, 100_000)
-        try:
-            self.endpoint = _bind(self._pub, endpoint)
-            self.replay_endpoint = _bind(self._router, replay)
-        except StoreError:
-            self._pub.close()
-            self._router.close()
-            self._ctx.term()
-            raise
+        self._wire = wire = EventWire(endpoint, replay_endpoint or replay_of(endpoint), buffer,
+                                      self.counts)
+        self.endpoint, self.replay_endpoint = wire.endpoint, wire.replay_endpoint
         self._queue: deque[tuple[str, str, str]] = deque()  # (event_type, key, tier)
         self._overflow = False
         self._resync = False
         self._master: StoreMaster | None = None
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
-        self._seq = self._event_id = 0
+        self._event_id = 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -168,9 +116,9 @@ class ObjectEvents:
 
     # -- the publisher thread --------------------------------------------------------------
     def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._pub, zmq.POLLIN)
-        poller.register(self._router, zmq.POLLIN)
+        wire, poller = self._wire, zmq.Poller()
+        poller.register(wire.pub, zmq.POLLIN)
+        poller.register(wire.router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop.is_set():
             try:
@@ -181,28 +129,17 @@ class ObjectEvents:
                     except BlockingIOError:
                         pass
                     self._signaled = False
-                if self._pub in ready:
-                    self._subscriptions()
-                if self._router in ready:
-                    self._replay()
+                if wire.pub in ready and wire.joined():  # it learns the next number
+                    self.counts["subscribed"] += 1
+                    wire.publish([])
+                if wire.router in ready and wire.replay():  # the asker missed too much
+                    self._resync = True
                 if self._overflow or self._resync:
                     self._resync_now()
                 self._drain()
             except Exception:  # a bug must not end the events (nor the master)
                 self.counts["errors"] += 1
                 log.exception("kv events: publishing failed")
-
-    def _subscriptions(self) -> None:
-        joined = False
-        while True:
-            try:
-                msg = self._pub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            joined |= msg[:1] == b"\x01"
-        if joined:
-            self.counts["subscribed"] += 1
-            self._publish([])
 
     def _drain(self) -> None:
         q = self._queue
@@ -212,16 +149,16 @@ class ObjectEvents:
             kind, key, tier = q.popleft()
             if kind == "cleared":
                 if events:
-                    self._publish(events)
+                    self._wire.publish(events)
                     events = []
-                self._publish([self._event("cleared", "", "", stamp)])
+                self._wire.publish([self._event("cleared", "", "", stamp)])
                 continue
             events.append(self._event(kind, key, tier, stamp))
             if len(events) >= self.max_batch:
-                self._publish(events)
+                self._wire.publish(events)
                 events = []
         if events:
-            self._publish(events)
+            self._wire.publish(events)
 
     def _event(self, kind: str, key: str, tier: str, stamp: int) -> dict[str, Any]:
         self._event_id += 1
@@ -232,17 +169,6 @@ class ObjectEvents:
             ev["object_key"] = key
             ev["medium"] = MEDIA.get(tier, tier)
         return ev
-
-    def _publish(self, events: list[dict[str, Any]]) -> None:
-        payload = _ENCODER.encode([time.time(), events, 0])
-        seq = self._seq
-        self._seq += 1
-        try:
-            self._pub.send_multipart([b"", seq.to_bytes(8, "big"), payload], zmq.NOBLOCK)
-        except zmq.Again:  # (a PUB drops for slow subscribers rather than raise; to be sure)
-            self.counts["unsent"] += 1
-        self._buffer.append((seq, payload))
-        self.counts["batches"] += 1
 
     def _resync_now(self) -> None:
         """`cleared`, then what the master holds now, instead of what the queue held."""
@@ -258,37 +184,16 @@ class ObjectEvents:
             self._queue.clear()
             self._overflow = self._resync = False
         stamp = int(time.time() * 1000)
-        self._publish([self._event("cleared", "", "", stamp)])
+        self._wire.publish([self._event("cleared", "", "", stamp)])
         events: list[dict[str, Any]] = []
         for meta in metas:
             for tier in sorted(held_tiers(meta)):
                 events.append(self._event("stored", meta.key, tier, stamp))
                 if len(events) >= self.max_batch:
-                    self._publish(events)
+                    self._wire.publish(events)
                     events = []
         if events:
-            self._publish(events)
-
-    def _replay(self) -> None:
-        while True:
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            ident, rest = frames[0], frames[1:]
-            if len(rest) != 2 or rest[0] != b"" or len(rest[1]) != 8:
-                self.counts["bad_replays"] += 1
-                continue
-            start = int.from_bytes(rest[1], "big")
-            oldest = self._buffer[0][0] if self._buffer else self._seq
-            for seq, payload in self._buffer:
-                if seq >= start:
-                    self._router.send_multipart([ident, b"", b"", seq.to_bytes(8, "big"),
-                                                 payload])
-            self._router.send_multipart([ident, b"", b"", END_SEQ, b""])
-            self.counts["replays"] += 1
-            if start < oldest:  # the asker missed more than is buffered
-                self._resync = True
+            self._wire.publish(events)
 
     def close(self) -> None:
         """Stop publishing (the master goes on without events)."""
@@ -300,8 +205,6 @@ class ObjectEvents:
                 master.state.events = None
         self._stop.set()
         self._thread.join(timeout=5)
-        self._pub.close()
-        self._router.close()
-        self._ctx.term()
+        self._wire.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
