@@ -110,6 +110,12 @@ def trace(
                                   "times."),
     threads: int = typer.Option(0, "--threads", help="Live, --local: torch threads of each "
                                 "worker (0: torch's default)."),
+    engine: str = typer.Option(None, "--engine", metavar="native|vllm", help="Live, --local: "
+                               "the workers' engine, native (ours) or vllm (vLLM's async "
+                               "engine: needs the mooncake-vllm plugin and vLLM; on a CPU a "
+                               "--block-size that is a multiple of 32) [default: native]."),
+    block_size: int = typer.Option(16, "--block-size", metavar="TOKENS", help="Live, --local: "
+                                   "tokens per KV block of the workers and the conductor."),
     max_stages: int = typer.Option(2, "--max-stages", metavar="N", help="Live, --local: "
                                    "kvcache-pipeline's prefill workers per pipelined prefill "
                                    "at most, its lead included."),
@@ -138,8 +144,12 @@ def trace(
 
         rcfg = ReplayConfig(block_tokens=block_tokens, max_input=max_input,
                             max_output=max_output, vocab=vocab, seed=seed or 0)
+        if engine is not None and not local:
+            raise ConfigError("--engine chooses the engine of the --local workers; a running "
+                              "conductor's workers have theirs")
         setup = LocalSetup(kv_blocks=kv_blocks or 512, threads=threads, max_stages=max_stages,
-                           pipeline_chunk=pipeline_chunk, pipeline_min_gain=pipeline_min_gain)
+                           pipeline_chunk=pipeline_chunk, pipeline_min_gain=pipeline_min_gain,
+                           engine=engine or "native", block_size=block_size)
         run_live(out, trace_file, url, local, model, policy, time_scale or 1.0, limit, rcfg,
                  setup, plot, min_input)
         return

@@ -23,26 +23,42 @@ from mooncake_cli.conductor.scheduler import POLICIES
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 from mooncake_cli.worker.config import WorkerConfig
+from mooncake_cli.worker.engines import NATIVE, worker_class
 
 
 @dataclass(frozen=True)
 class LocalSetup:
-    """What --local starts for each policy: workers' KV blocks and torch threads, and the
-    pipeline options every conductor gets (only kvcache-pipeline uses them)."""
+    """What --local starts for each policy: workers' engine, KV blocks and torch threads, the
+    block size of workers and conductor, and the pipeline options every conductor gets (only
+    kvcache-pipeline uses them)."""
 
     kv_blocks: int = 512
     threads: int = 0
     max_stages: int = 2
     pipeline_chunk: int = 2048
     pipeline_min_gain: float = 0.3
+    engine: str = NATIVE
+    block_size: int = 16
 
     def conductor(self, model: str, policy: str) -> ConductorConfig:
         return ConductorConfig(port=0, model=model, policy=policy, max_stages=self.max_stages,
                                pipeline_chunk=self.pipeline_chunk,
-                               pipeline_min_gain=self.pipeline_min_gain)
+                               pipeline_min_gain=self.pipeline_min_gain,
+                               block_size=self.block_size)
 
     def worker(self) -> WorkerConfig:
-        return WorkerConfig(kv_blocks=self.kv_blocks, threads=self.threads)
+        return WorkerConfig(kv_blocks=self.kv_blocks, threads=self.threads, engine=self.engine)
+
+    def check(self, model: str, policies: list[str]) -> None:
+        """ConfigError for a bad option, PluginError for an engine not installed: before any
+        run."""
+        if self.engine != NATIVE and PIPELINE in policies:
+            raise ConfigError(f"--policy {PIPELINE} runs pipeline stages on our engine's "
+                              f"prefill workers only; with --engine {self.engine} leave it "
+                              "out")
+        self.conductor(model, PIPELINE)
+        self.worker()
+        worker_class(self.engine, "prefill")
 
 
 def _updater(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
@@ -56,6 +72,19 @@ def _policies(policy: str | None) -> list[str]:
         raise ConfigError(f"unknown policy {', '.join(bad) or '(none)'}: use "
                           f"{', '.join(POLICIES)}")
     return names
+
+
+def _against_centric(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Each other policy's mean TTFT over kvcache-centric's, and kvcache-centric's prefix-hit
+    ratio less the other's."""
+    b = runs.get(CENTRIC)
+    out: dict[str, float] = {}
+    for name, a in runs.items():
+        if b is None or name == CENTRIC or not (a["ttft_s"]["mean"] and b["ttft_s"]["mean"]):
+            continue
+        out[f"mean TTFT {name}/{CENTRIC}"] = a["ttft_s"]["mean"] / b["ttft_s"]["mean"]
+        out[f"hit ratio {CENTRIC} - {name}"] = b["prefix_hit_ratio"] - a["prefix_hit_ratio"]
+    return out
 
 
 def run_live(out: Out, trace_file: str, url: str | None, local: str | None, model: str,
@@ -81,8 +110,7 @@ def run_live(out: Out, trace_file: str, url: str | None, local: str | None, mode
 
             p, d = parse_local(local or "")
             names = _policies(policy)
-            setup.conductor(model, PIPELINE)  # ConfigError for a bad option before any run
-            setup.worker()
+            setup.check(model, names)
             for name in names:
                 task = bar.add_task(name, total=len(reqs))
                 cluster = LocalCluster(setup.conductor(model, name), p, d, setup.worker())
@@ -95,20 +123,17 @@ def run_live(out: Out, trace_file: str, url: str | None, local: str | None, mode
                 finally:
                     cluster.close()
     report: dict[str, Any] = {"trace": trace_file, "requests": len(reqs),
-                              "target": url or f"local {local} ({model})", "runs": runs,
+                              "target": url or f"local {local} ({model}, {setup.engine})",
+                              "runs": runs,
                               "setup": {"block_tokens": cfg.block_tokens,
                                         "max_input": cfg.max_input,
                                         "max_output": cfg.max_output,
                                         "min_input": min_input,
                                         "time_scale": time_scale,
                                         **({} if url else dataclasses.asdict(setup))}}
-    if "random" in runs and CENTRIC in runs:
-        a, b = runs["random"], runs[CENTRIC]
-        if a["ttft_s"]["mean"] and b["ttft_s"]["mean"]:
-            report["ratios"] = {"mean TTFT random/kvcache-centric":
-                                a["ttft_s"]["mean"] / b["ttft_s"]["mean"],
-                                "hit ratio kvcache-centric - random":
-                                b["prefix_hit_ratio"] - a["prefix_hit_ratio"]}
+    ratios = _against_centric(runs)
+    if ratios:
+        report["ratios"] = ratios
     cost = sim_model(learned, runs)
     if cost is not None and PIPELINE in runs:
         # each prefill instance's cache: the store segment its blocks go to first
