@@ -215,3 +215,29 @@ def test_a_late_subscriber_catches_up_by_replay(procs) -> None:
         assert ix.store_depth(KEYS) == {"longest": 4, "cpu": 4, "disk": 0}
     finally:
         ix.close()
+
+
+def test_a_conductor_started_with_store_events(procs) -> None:
+    """`mooncake conductor start --store-events`: the store followed without a /register."""
+    from tests.helpers.conductor_procs import ConductorProc
+
+    mst = master("--kv-events", "tcp://127.0.0.1:0")
+    procs.append(mst)
+    a = node(mst.ready["address"], "--segment-size", str(2 << 20))
+    procs.append(a)
+    ask(a, cmd="blocks", tokens=T, ns=NS, size=1024)
+    cond = ConductorProc("--model", "demo", "--store-events", mst.ready["kv_events"],
+                         "--store-events-replay", mst.ready["kv_events_replay"])
+    try:
+        url = cond.serving().url
+        want = {"default": {"store": m(96, 0, 96, 0, {"0": 96})}}
+
+        def answer() -> Any:
+            return jsonhttp.call(url + "/query", {"model": "m", "block_size": 16,
+                                                  "token_ids": T}).body
+
+        settles(answer, want)
+        ask(a, cmd="remove", key=KEYS[0])
+        settles(answer, {"default": {"store": m(0, 0, 0, 0, {"0": 0})}})
+    finally:
+        cond.stop()
