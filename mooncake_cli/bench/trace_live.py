@@ -99,8 +99,9 @@ class Outcome:
         return sum(top) / len(top)
 
 
-def _send(url: str, model: str, prompt: list[int], max_tokens: int,
-          timeout: float) -> Outcome:
+def send(url: str, model: str, prompt: list[int], max_tokens: int,
+         timeout: float) -> Outcome:
+    """One streamed greedy completion of `prompt` (token ids) at the OpenAI API `url`."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     out, start = Outcome(), time.monotonic()
@@ -179,8 +180,8 @@ def replay(url: str, reqs: list[TraceRequest], cfg: ReplayConfig,
         delay = (r.arrival - base) - (time.monotonic() - t0)
         if delay > 0:
             time.sleep(delay)
-        o = _send(url, model, synthesise(r, cfg), min(max(1, r.output_tokens), cfg.max_output),
-                  cfg.timeout)
+        o = send(url, model, synthesise(r, cfg), min(max(1, r.output_tokens), cfg.max_output),
+                 cfg.timeout)
         o.arrival = r.arrival - base
         with lock:
             done[0] += 1

@@ -183,3 +183,8 @@ app.command("scheduler")(bench_scheduler.scheduler)
 from mooncake_cli.commands import bench_pipeline  # noqa: E402
 
 app.command("pipeline")(bench_pipeline.pipeline)
+
+from mooncake_cli.commands import bench_roles  # noqa: E402
+
+app.command("prefix-reuse")(bench_roles.prefix_reuse)
+app.command("conductor-cpu")(bench_roles.conductor_cpu)
