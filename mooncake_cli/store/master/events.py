@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mooncake.store.events")
 MEDIA = {"dram": "cpu", "ssd": "disk"}
+COALESCE = 0.001  # seconds the thread waits after a wake-up for more changes to batch
 _NONE: frozenset[str] = frozenset()
 _COMPLETE = ReplicaStatus.COMPLETE
 __all__ = ["ObjectEvents", "endpoint_of", "held_tiers", "replay_of"]
@@ -124,6 +125,8 @@ class ObjectEvents:
             try:
                 ready = dict(poller.poll(200))
                 if self._wake_r in ready:
+                    if len(self._queue) < self.max_batch:
+                        time.sleep(COALESCE)  # more changes per batch; none wake us meanwhile
                     try:
                         os.read(self._wake_r, 4096)
                     except BlockingIOError:
@@ -143,32 +146,35 @@ class ObjectEvents:
 
     def _drain(self) -> None:
         q = self._queue
-        events: list[dict[str, Any]] = []
-        stamp = int(time.time() * 1000)
+        items: list[tuple[str, str, str]] = []
         while q:
-            kind, key, tier = q.popleft()
-            if kind == "cleared":
-                if events:
-                    self._wire.publish(events)
-                    events = []
-                self._wire.publish([self._event("cleared", "", "", stamp)])
+            item = q.popleft()
+            if item[0] == "cleared":  # a batch of its own, in its place
+                if items:
+                    self._send(items)
+                    items = []
+                self._send([item])
                 continue
-            events.append(self._event(kind, key, tier, stamp))
-            if len(events) >= self.max_batch:
-                self._wire.publish(events)
-                events = []
-        if events:
-            self._wire.publish(events)
+            items.append(item)
+            if len(items) >= self.max_batch:
+                self._send(items)
+                items = []
+        if items:
+            self._send(items)
 
-    def _event(self, kind: str, key: str, tier: str, stamp: int) -> dict[str, Any]:
-        self._event_id += 1
-        self.counts[kind] += 1
-        ev: dict[str, Any] = {"event_type": kind, "event_id": self._event_id - 1,
-                              "timestamp": stamp, "backend_id": self.backend_id}
-        if kind != "cleared":
-            ev["object_key"] = key
-            ev["medium"] = MEDIA.get(tier, tier)
-        return ev
+    def _send(self, items: list[tuple[str, str, str]]) -> None:
+        """One batch of (event_type, key, tier)."""
+        stamp, first, backend = int(time.time() * 1000), self._event_id, self.backend_id
+        self._event_id += len(items)
+        events = [{"event_type": "cleared", "event_id": first + i, "timestamp": stamp,
+                   "backend_id": backend} if kind == "cleared" else
+                  {"event_type": kind, "event_id": first + i, "timestamp": stamp,
+                   "backend_id": backend, "object_key": key, "medium": MEDIA.get(tier, tier)}
+                  for i, (kind, key, tier) in enumerate(items)]
+        for kind in ("stored", "removed", "cleared"):
+            if c := sum(1 for it in items if it[0] == kind):
+                self.counts[kind] += c
+        self._wire.publish(events)
 
     def _resync_now(self) -> None:
         """`cleared`, then what the master holds now, instead of what the queue held."""
@@ -183,17 +189,10 @@ class ObjectEvents:
         else:
             self._queue.clear()
             self._overflow = self._resync = False
-        stamp = int(time.time() * 1000)
-        self._wire.publish([self._event("cleared", "", "", stamp)])
-        events: list[dict[str, Any]] = []
-        for meta in metas:
-            for tier in sorted(held_tiers(meta)):
-                events.append(self._event("stored", meta.key, tier, stamp))
-                if len(events) >= self.max_batch:
-                    self._wire.publish(events)
-                    events = []
-        if events:
-            self._wire.publish(events)
+        self._send([("cleared", "", "")])
+        items = [("stored", meta.key, t) for meta in metas for t in sorted(held_tiers(meta))]
+        for i in range(0, len(items), self.max_batch):
+            self._send(items[i:i + self.max_batch])
 
     def close(self) -> None:
         """Stop publishing (the master goes on without events)."""
