@@ -18,6 +18,8 @@ from mooncake_cli.conductor.event_index import TIERS, Match
 from mooncake_cli.conductor.kv_events import Cleared, Event, ObjectRemoved, ObjectStored
 from mooncake_cli.kvkeys import KEY_PREFIX, KVNamespace, block_keys, parse_key
 
+BIT = {m: 1 << i for i, m in enumerate((*TIERS, "other"))}  # a key's media as bits (memory)
+
 
 def _zero() -> Match:
     return Match(0, dict.fromkeys(TIERS, 0))
@@ -27,7 +29,7 @@ class StoreIndex:
     def __init__(self, max_keys: int = 1 << 22) -> None:
         self.max_keys = max_keys
         self.counts: Counter[str] = Counter()
-        self._media: dict[str, set[str]] = {}
+        self._media: dict[str, int] = {}  # key -> its media (BIT)
         self._spaces: Counter[KVNamespace] = Counter()  # keys held per namespace
         self._ns: dict[str, KVNamespace | None] = {}  # key prefix -> its namespace (None: not ours)
         self._lock = threading.Lock()
@@ -79,19 +81,20 @@ class StoreIndex:
             if len(self._media) >= self.max_keys:
                 self.counts["dropped"] += 1
                 return
-            media = self._media[ev.key] = set()
+            media = 0
             self._spaces[ns] += 1
-        media.add(ev.medium)
+        self._media[ev.key] = media | BIT.get(ev.medium, BIT["other"])
         self.counts["stored"] += 1
 
     def _removed(self, ev: ObjectRemoved) -> None:
-        media = self._media.get(ev.key)
-        if media is None or ev.medium not in media:
+        media, bit = self._media.get(ev.key, 0), BIT.get(ev.medium, BIT["other"])
+        if not media & bit:
             self.counts["removed_unknown"] += 1
             return
-        media.discard(ev.medium)
         self.counts["removed"] += 1
-        if not media:
+        if media & ~bit:
+            self._media[ev.key] = media & ~bit
+        else:
             del self._media[ev.key]
             ns = self._namespace(ev.key)
             if ns is not None:
@@ -107,12 +110,12 @@ class StoreIndex:
         longest = 0
         with self._lock:
             for i, key in enumerate(keys):
-                media = self._media.get(key)
+                media = self._media.get(key, 0)
                 if not media:
                     break
                 longest = i + 1
                 for t in list(alive):
-                    if t in media:
+                    if media & BIT[t]:
                         tiers[t] = i + 1
                     else:
                         alive.discard(t)
@@ -137,7 +140,8 @@ class StoreIndex:
     def held(self) -> dict[str, int]:
         """Objects held per medium."""
         with self._lock:
-            return dict(Counter(m for media in self._media.values() for m in media))
+            return {m: n for m, bit in BIT.items()
+                    if (n := sum(1 for media in self._media.values() if media & bit))}
 
     def namespaces(self) -> list[str]:
         with self._lock:
