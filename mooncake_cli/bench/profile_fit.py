@@ -6,7 +6,7 @@ import json
 import statistics
 from typing import Any
 
-from mooncake_cli.bench.profile import ProfileConfig, Profiler, Progress
+from mooncake_cli.bench.profile_grid import ProfileConfig, Progress
 from mooncake_cli.conductor.costmodel import PROFILE_SCHEMA, FittedCostModel, profile_model
 from mooncake_cli.interfaces import ConfigError
 
@@ -34,7 +34,10 @@ def _errors(model: FittedCostModel, samples: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_profile(cfg: ProfileConfig, progress: Progress | None = None) -> dict[str, Any]:
-    """Measure, write cfg.output, and return the report (the document, coefficients, errors)."""
+    """Measure this machine's engine, write cfg.output, and return the report (the document,
+    coefficients, errors)."""
+    from mooncake_cli.bench.profile import Profiler  # torch: only for our engine
+
     profiler = Profiler(cfg)
     fit, held = profiler.measure(progress)
     ns = profiler.cache.ns
@@ -50,16 +53,22 @@ def run_profile(cfg: ProfileConfig, progress: Progress | None = None) -> dict[st
         "decode": fit["decode"],
         "held_out": held,
     }
-    model = profile_model(doc, cfg.output)
-    errors = _errors(model, held)
+    return fit_and_write(doc, cfg.output)
+
+
+def fit_and_write(doc: dict[str, Any], output: str) -> dict[str, Any]:
+    """Fit `doc` (a profile with its "held_out" samples) as the conductor does, add the
+    coefficients and the held-out errors, write it to `output`, and return the report."""
+    model = profile_model(doc, output)
+    errors = _errors(model, doc["held_out"])
     doc["fit"] = {k: getattr(model, k) for k in ("c0", "c_quad", "c_lin", "d0", "d_batch",
                                                  "d_ctx")}
     doc["fit_error"] = errors["summary"]
     try:
-        with open(cfg.output, "w", encoding="utf-8") as fh:
+        with open(output, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)
             fh.write("\n")
     except OSError as e:
-        raise ConfigError(f"cannot write {cfg.output}: {e.strerror}") from e
-    return {"output": cfg.output, "profile": doc, "held_out": errors["points"],
+        raise ConfigError(f"cannot write {output}: {e.strerror}") from e
+    return {"output": output, "profile": doc, "held_out": errors["points"],
             "fit_error": errors["summary"]}

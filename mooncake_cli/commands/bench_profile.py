@@ -1,4 +1,5 @@
-"""`mooncake bench profile`: measure this machine's prefill and decode times, fit a cost model."""
+"""`mooncake bench profile`: measure prefill and decode times (this machine's engine, or a vLLM
+server's), fit a cost model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.config import load
+from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 
 
@@ -37,6 +39,12 @@ def _human(rep: dict[str, Any]) -> Any:
             if e:
                 con.print(f"fit error on held-out {kind}: mean {e['mean']:.1%}, "
                           f"max {e['max']:.1%}")
+        n = doc.get("server", {}).get("cached_samples_verified_by", {})
+        if sum(n.values()):
+            con.print(f"cached prefixes reused, checked on {n['usage']} samples by vLLM's "
+                      f"usage, {n['metrics']} by its metrics" + (
+                          f"; {n['none']} not checked (start vLLM with "
+                          "--enable-prompt-tokens-details)" if n["none"] else ""))
         con.print(f"wrote {rep['output']}")
     return draw
 
@@ -86,24 +94,44 @@ def profile(
                                "[default: profile.json]."),
     plot: str = bench_plot.option("measured against predicted times, fitted and held-out "
                                   "points"),
+    url: str = typer.Option(None, "--url", metavar="http://HOST:PORT",
+                            help="Profile this running vLLM (OpenAI-compatible) server instead "
+                                 "of our engine; its model, block size and KV size come from "
+                                 "the server [default: none]."),
+    kv_bytes_per_token: int = typer.Option(None, "--kv-bytes-per-token", metavar="BYTES",
+                                           help="With --url: KV bytes one token takes on the "
+                                                "server [default: read from the server]."),
 ) -> None:
     """Time prefill over (input length, cached prefix) and decode steps over batch size with
-    the real engine, fit the conductor's cost model, write profile.json and print the fit
-    error on held-out points (between the fitted ones)."""
+    the real engine, or with a running vLLM server (--url), fit the conductor's cost model,
+    write profile.json and print the fit error on held-out points (between the fitted ones)."""
     out: Out = ctx.obj
-    from mooncake_cli.bench.profile import ProfileConfig  # torch: only when profiling
     from mooncake_cli.bench.profile_fit import run_profile
+    from mooncake_cli.bench.profile_grid import ProfileConfig
 
     cfg = load(ProfileConfig, "bench_profile", out.config_file, model=model, device=device,
                dtype=dtype, block_size=block_size, chunk_size=chunk_size, lengths=lengths,
                cached=cached, batches=batches, contexts=contexts, repeats=repeats,
-               threads=threads, bandwidth=bandwidth, output=output)
+               threads=threads, bandwidth=bandwidth, output=output, url=url,
+               kv_bytes_per_token=kv_bytes_per_token)
     bench_plot.check(plot)
+    engine_only = {"--model": model, "--device": device, "--dtype": dtype,
+                   "--chunk-size": chunk_size, "--threads": threads}
+    if cfg.url and (given := [k for k, v in engine_only.items() if v is not None]):
+        raise ConfigError(f"{', '.join(given)}: our engine's, not with --url (the server "
+                          "runs its own model)")
+
+    def run(progress: Any = None) -> dict[str, Any]:
+        if not cfg.url:
+            return run_profile(cfg, progress)
+        from mooncake_cli.bench.profile_server import run_server_profile
+        return run_server_profile(cfg, block_size, progress)
+
     if out.json:
-        rep = run_profile(cfg)
+        rep = run()
     else:
         bar = _Bar(out.err)
         with bar.bar:
-            rep = run_profile(cfg, bar)
+            rep = run(bar)
     bench_plot.draw(out, "profile", rep, plot)
     out.emit(rep, _human(rep))
