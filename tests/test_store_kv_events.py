@@ -18,7 +18,7 @@ import pytest
 from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.kvkeys import KVNamespace, block_keys
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from tests.helpers.indexer_calls import (
     AUTH,
     m,
@@ -242,3 +242,33 @@ def test_a_conductor_started_with_store_events(procs) -> None:
         settles(answer, {"default": {"store": m(0, 0, 0, 0, {"0": 0})}})
     finally:
         cond.stop()
+
+
+def test_a_restarted_master_is_a_new_stream(conductor, procs) -> None:
+    """A master restarted on the same endpoints (its blocks gone with its node): the index
+    forgets the old master's objects and follows the new one's (its topic names the process,
+    whatever sequence number it has reached)."""
+    pub, replay = free_port(), free_port()
+    args = ("--kv-events", f"tcp://127.0.0.1:{pub}", "--kv-events-replay",
+            f"tcp://127.0.0.1:{replay}")
+    old = master(*args)
+    procs.append(old)
+    register(conductor, old)
+    a = node(old.ready["address"], "--segment-size", str(2 << 20))
+    procs.append(a)
+    ask(a, cmd="blocks", tokens=T, ns=NS, size=1024)
+    settles(lambda: query(conductor, T), {"default": {"store": m(96, 0, 96, 0, {"0": 96})}})
+    a.kill()
+    old.kill()
+    new = master(*args)
+    procs.append(new)
+    b = node(new.ready["address"], "--segment-size", str(2 << 20))
+    procs.append(b)
+    ask(b, cmd="blocks", tokens=U, ns=NS, size=1024)
+    for i in range(10):  # more batches than the old master published
+        ask(b, cmd="put", key=f"x/{i}", size=1024)
+    ask(b, cmd="remove", key=block_keys(U, KVNamespace(**NS))[3])
+    settles(lambda: (query(conductor, T), query(conductor, U)),
+            ({"default": {"store": m(0, 0, 0, 0, {"0": 0})}},
+             {"default": {"store": m(48, 0, 48, 0, {"0": 48})}}))
+    assert streams(conductor)["store|0"]["counts"]["restarts"] >= 1

@@ -14,7 +14,10 @@ still holds. A number below the expected one is a restarted publisher: the strea
 (its blocks forgotten). A malformed message is counted and logged (rarely), never raised.
 With `clear_on_loss` (a store master's stream, whose events are not idempotent hints but the
 only record of what it holds), a gap the replay cannot fill forgets the index first: the
-master answers such a replay with a resync (`cleared`, then all it holds).
+master answers such a replay with a resync (`cleared`, then all it holds). Its topic names
+the master's process: another topic is a restarted master, read as a sequence number going
+back (a restart found by the numbers alone would miss one that has published more by the
+time we reconnect).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Subscriber:
         self.ctx, self.sub, self.replay_endpoint = ctx, sub, replay_endpoint
         self.index, self.name, self.replay_timeout = index, name, replay_timeout
         self.clear_on_loss = clear_on_loss
+        self.topic: bytes | None = None
         self.counts: Counter[str] = Counter()
         self.expected = 0
         self._dealer: zmq.Socket | None = None
@@ -116,10 +120,14 @@ class Subscriber:
         except Malformed as e:
             self._malformed(e)
             return
-        if seq < self.expected:
+        restarted = seq < self.expected
+        if self.clear_on_loss:  # a store master: its topic names its process
+            restarted |= self.topic is not None and frames[0] != self.topic
+            self.topic = frames[0]
+        if restarted:
             self.counts["restarts"] += 1
-            log.warning("kv events of %s: sequence number %d after %d: the publisher "
-                        "restarted; its blocks are forgotten", self.name, seq, self.expected - 1)
+            log.warning("kv events of %s: the publisher restarted (sequence number %d after "
+                        "%d); its blocks are forgotten", self.name, seq, self.expected - 1)
             self.index.clear()
             self.expected = 0
         if seq > self.expected:

@@ -1,12 +1,16 @@
 """The sockets of the store master's object events (events.py): a ZMQ XPUB publishing vLLM's
-batches [topic b"", sequence number (8 bytes big-endian), msgpack [timestamp, [events...], 0]],
+batches [topic, sequence number (8 bytes big-endian), msgpack [timestamp, [events...], 0]],
 and a ROUTER answering vLLM's replay request (the first missing sequence number as 8 bytes;
 the answer: each buffered batch from there as [b"", topic, seq, payload], then the end
 marker [b"", b"", -1, b""]) from the last `buffer` batches. Used by one thread only.
+
+The topic is `mooncake-store/<16 random hex digits>`, one per publisher: a subscriber that
+sees it change knows the master restarted, whatever sequence number it is at.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import Counter, deque
 from typing import Any
@@ -76,13 +80,14 @@ class EventWire:
             raise
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
         self._seq = 0
+        self.topic = f"mooncake-store/{secrets.token_hex(8)}".encode()
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         payload = _ENCODER.encode([time.time(), events, 0])
         seq = self._seq
         self._seq += 1
         try:
-            self.pub.send_multipart([b"", seq.to_bytes(8, "big"), payload], zmq.NOBLOCK)
+            self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload], zmq.NOBLOCK)
         except zmq.Again:  # (a PUB drops for slow subscribers rather than raise; to be sure)
             self.counts["unsent"] += 1
         self._buffer.append((seq, payload))
@@ -114,7 +119,7 @@ class EventWire:
             oldest = self._buffer[0][0] if self._buffer else self._seq
             for seq, payload in self._buffer:
                 if seq >= start:
-                    self.router.send_multipart([ident, b"", b"", seq.to_bytes(8, "big"),
+                    self.router.send_multipart([ident, b"", self.topic, seq.to_bytes(8, "big"),
                                                 payload])
             self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
             self.counts["replays"] += 1
