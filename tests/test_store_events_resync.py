@@ -2,16 +2,27 @@
 every event: its queue overflows, or a subscriber joins after the replay buffer has moved on.
 A real StoreMaster (in this process, no service: its changes are the request path's) with
 the publisher attached, and the conductor's indexer subscribed over real ZMQ sockets; each
-case ends with the index holding exactly what the master holds."""
+case ends with the index holding exactly what the master holds. Also the envelope's decoding
+and the store index's refusals on their own."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
 
+import msgspec
 import pytest
 
+from mooncake_cli.conductor.event_index import Match
 from mooncake_cli.conductor.indexer import Indexer
+from mooncake_cli.conductor.kv_events import (
+    Cleared,
+    Malformed,
+    ObjectRemoved,
+    ObjectStored,
+    decode_batch,
+)
+from mooncake_cli.conductor.store_index import StoreIndex
 from mooncake_cli.kvkeys import KVNamespace, block_keys
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.master.events import ObjectEvents, replay_of
@@ -98,6 +109,28 @@ def test_a_new_master_state_is_cleared(master, indexer) -> None:
         assert indexer.snapshot()[0]["blocks"] == {"cpu": 2}
     finally:
         ev.close()
+
+
+def test_envelope_events_are_read_and_bad_ones_named() -> None:
+    """The standard envelope with object_key as the store publishes it, and what is refused."""
+    base = {"event_id": 0, "timestamp": 1, "backend_id": "m:1"}
+    good = [{**base, "event_type": "cleared"},
+            {**base, "event_type": "stored", "object_key": KEYS[0], "medium": "cpu"},
+            {**base, "event_type": "removed", "object_key": KEYS[0], "medium": "disk"}]
+    bad = [({**base, "event_type": "stored", "seq_hashes": [1]}, "without object_key"),
+           ({**base, "event_type": "stored", "object_key": 7}, "not a key"),
+           ({**base, "event_type": "moved", "object_key": "k"}, "unknown event_type"),
+           ({**base, "event_type": "stored", "object_key": "k", "medium": 3}, "medium")]
+    batch = decode_batch(msgspec.msgpack.encode([1.0, good + [b for b, _ in bad], 0]))
+    assert batch.events[:3] == (Cleared(), ObjectStored(KEYS[0], "cpu"),
+                                ObjectRemoved(KEYS[0], "disk"))
+    for got, (_, why) in zip(batch.events[3:], bad, strict=True):
+        assert isinstance(got, Malformed) and why in str(got), got
+    ix = StoreIndex()
+    ix.apply([ObjectStored(KEYS[0], "cpu"), ObjectStored("vllm@key", "cpu"),
+              ObjectStored("kv/bad", "cpu"), ObjectRemoved(KEYS[1], "cpu")])
+    assert (ix.counts["stored"], ix.counts["foreign"], ix.counts["removed_unknown"]) == (1, 2, 1)
+    assert ix.depth(KEYS) == Match(1, {"gpu": 0, "cpu": 1, "disk": 0})
 
 
 def test_replay_endpoints_are_derived() -> None:

@@ -154,6 +154,7 @@ def test_puts_removes_evictions_and_a_lost_node(conductor, procs) -> None:
     assert query(conductor, T, tenant_id="t2") == {"t2": {}}
     s = streams(conductor)["store|0"]
     assert (s["counts"]["foreign"], s["blocks"]) == (1, {"cpu": 6})
+    assert s["namespaces"] == ["m/float16/1x1x16x8"]
     assert conductor.indexer.store_depth(KEYS) == {"longest": 6, "cpu": 6, "disk": 0}
 
     ask(a, cmd="remove", key=KEYS[3])

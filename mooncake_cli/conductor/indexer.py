@@ -176,12 +176,15 @@ class Indexer:
         return best
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Each stream: its registration, where its events stand, and what it holds."""
+        """Each stream: its registration, where its events stand, and what it holds (a store
+        stream: objects per medium, and the namespaces of its keys)."""
         with self._lock:
             streams = list(self._streams.values())
         return [{**s.reg.model_dump(), "next_seq": s.sub.expected,
                  "counts": {**dict(s.sub.counts), **dict(s.index.counts)},
-                 "blocks": s.index.held()} for s in streams]
+                 "blocks": s.index.held(),
+                 **({"namespaces": s.index.namespaces()}
+                    if isinstance(s.index, StoreIndex) else {})} for s in streams]
 
     def close(self) -> None:
         with self._lock:
