@@ -1,6 +1,7 @@
 """`mooncake bench profile --url` against a real vLLM server (smollm2-135m): a profile.json the
-conductor's cost model loads, whose cached samples were real prefix-cache hits, and the grids
-the server cannot run refused up front."""
+conductor's cost model loads, whose cached samples were real prefix-cache hits (checked by the
+answers' usage with --enable-prompt-tokens-details, by vLLM's metrics without it), and the
+grids the server cannot run refused up front."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ GRID = ["--lengths", "128,256,512", "--cached", "0,0.5", "--batches", "1,2", "--
         "--repeats", "1"]
 
 
-@pytest.fixture(scope="module")
-def server(model_dir: Path, logs: Path) -> Iterator[VllmServer]:
-    s = VllmServer("profile", model_dir, base_env(), logs / "vllm-profile.log",
-                   args=["--enable-prompt-tokens-details"])
+@pytest.fixture(scope="module", params=["usage", "metrics"])
+def served(request: pytest.FixtureRequest, model_dir: Path,
+           logs: Path) -> Iterator[tuple[VllmServer, str]]:
+    """(a vLLM server, how bench profile can check its cache hits): one at a time."""
+    args = ["--enable-prompt-tokens-details"] if request.param == "usage" else []
+    s = VllmServer(f"profile-{request.param}", model_dir, base_env(),
+                   logs / f"vllm-profile-{request.param}.log", args=args)
     try:
-        yield s.wait_ready()
+        yield s.wait_ready(), request.param
     finally:
         s.stop()
 
@@ -37,9 +41,10 @@ def profile(url: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, timeout=900)
 
 
-def test_profile_of_a_vllm_server_fits_the_conductors_model(server: VllmServer,
+def test_profile_of_a_vllm_server_fits_the_conductors_model(served: tuple[VllmServer, str],
                                                             model_dir: Path,
                                                             tmp_path: Path) -> None:
+    server, checked_by = served
     out = tmp_path / "profile.json"
     before = server.metric(HITS)
     p = profile(server.url, out, *GRID)
@@ -60,8 +65,8 @@ def test_profile_of_a_vllm_server_fits_the_conductors_model(server: VllmServer,
     cached = [s["cached_tokens"] for s in samples if s["cached_tokens"]]
     assert cached and all(c % bs == 0 for c in cached)
     rounds = 2  # --repeats 1 and the warm-up round
-    assert doc["server"]["cached_samples_verified_by"] == {
-        "usage": rounds * len(cached), "metrics": 0, "none": 0}
+    verified = {"usage": 0, "metrics": 0, "none": 0, checked_by: rounds * len(cached)}
+    assert doc["server"]["cached_samples_verified_by"] == verified
     # vLLM's own counter: every timed request reused exactly its primed prefix, nothing more
     want = rounds * sum(cached)
     poll(lambda: True if server.metric(HITS) - before >= want else None, 10)
@@ -77,10 +82,11 @@ def test_profile_of_a_vllm_server_fits_the_conductors_model(server: VllmServer,
     (["--lengths", "64,128,256", "--batches", "64", "--contexts", "1024"],
      "KV tokens; the largest decode batch needs"),
 ])
-def test_grids_the_server_cannot_run_are_refused(server: VllmServer, args: list[str],
-                                                 words: str, tmp_path: Path) -> None:
+def test_grids_the_server_cannot_run_are_refused(served: tuple[VllmServer, str],
+                                                 args: list[str], words: str,
+                                                 tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
-    p = profile(server.url, out, *args)
+    p = profile(served[0].url, out, *args)
     assert p.returncode == 2, p.stderr[-3000:]
     assert words in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and not out.exists()
