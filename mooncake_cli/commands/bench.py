@@ -188,3 +188,7 @@ from mooncake_cli.commands import bench_roles  # noqa: E402
 
 app.command("prefix-reuse")(bench_roles.prefix_reuse)
 app.command("conductor-cpu")(bench_roles.conductor_cpu)
+
+from mooncake_cli.commands import bench_testbed  # noqa: E402
+
+app.add_typer(bench_testbed.app, name="testbed")
