@@ -27,13 +27,22 @@ from mooncake_cli.conductor.indexer import Indexer, Scope
 from mooncake_cli.conductor.seqhash import seq_hashes
 
 KIND: Kind = "vLLM"  # the batch format; SGLang's is the same wire
+STORE = "(store)"  # the store's holdings in the cache index: any prefill worker may fetch them
 
 
 class EventRouting:
     def __init__(self, indexer: Indexer, model: str, block_size: int) -> None:
         self.indexer, self.model, self.block_size = indexer, model, block_size
         self._followed: dict[str, KvEvents] = {}
+        self._store = False  # a store master's object events are followed
         self._lock = threading.Lock()
+
+    def follow_store(self, endpoint: str, replay_endpoint: str | None = None) -> None:
+        """Follow a store master's object events (`mooncake store master --kv-events`): the
+        leading blocks of a request the store holds become a prefix every prefill worker can
+        fetch (the cache index's holder STORE), as a worker's segment is."""
+        self.indexer.follow_store(endpoint, replay_endpoint)
+        self._store = True
 
     def follow(self, name: str, role: str, src: KvEvents | None) -> None:
         """Subscribe to a prefill worker's events (again with a new source; a heartbeat with
@@ -71,14 +80,20 @@ class EventRouting:
         what its events say; returns the leading blocks each holds (for explain)."""
         with self._lock:
             names = list(self._followed)
-        if not names or not keys:
+        if not keys:
             return {}
-        hashes = seq_hashes(tokens, self.block_size)[:len(keys)]
-        matches = self.indexer.match(Scope(self.model, self.block_size), hashes)
         depths: dict[str, int] = {}
-        for name in names:
-            m = matches.get(name)
-            d = depths[name] = m.longest_matched // self.block_size if m is not None else 0
+        if names:
+            hashes = seq_hashes(tokens, self.block_size)[:len(keys)]
+            matches = self.indexer.match(Scope(self.model, self.block_size), hashes)
+            for name in names:
+                m = matches.get(name)
+                depths[name] = m.longest_matched // self.block_size if m is not None else 0
+        if self._store:
+            depths[STORE] = self.indexer.store_depth([str(k) for k in keys])["longest"]
+            if not index.knows(STORE):
+                index.add_instance(STORE)
+        for name, d in depths.items():
             if index.knows(name):  # not yet (or no longer) in the cluster: nothing to set
                 index.evict(name, keys[d:])
                 index.store(name, keys[:d])

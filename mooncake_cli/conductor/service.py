@@ -95,7 +95,7 @@ class ConductorService:
         self.audit = AuditLog.open(cfg.audit_log, "conductor")
         self.indexer = Indexer()  # the KV indexer API's event streams (docs/indexer.md)
         # workers registering their KV events are followed through the same indexer
-        instances.events = self.conductor.bookings.events = EventRouting(
+        self.events = instances.events = self.conductor.bookings.events = EventRouting(
             self.indexer, model.name, cfg.block_size)
         metrics.kv_streams = self.indexer.snapshot
         self.app = edge_app(routes(self.conductor, Identities(instances))
@@ -117,6 +117,8 @@ class ConductorService:
                                       joined=joined)
 
     def start(self) -> ConductorService:
+        if self.cfg.store_events:  # the store's holdings, as a /register of type Mooncake
+            self.events.follow_store(self.cfg.store_events, self.cfg.store_events_replay or None)
         self.poller.start()
         if self.etcd is not None:
             self.etcd.start()

@@ -1,0 +1,106 @@
+"""The conductor routes on the store's own object events: a real store master publishing them
+(`--kv-events`), a real store client in its own process putting and removing our KV block
+objects, and a conductor following the master (`--store-events`). The leading blocks of a
+request that the store holds are a prefix any prefill worker can fetch: the decision fetches
+exactly those, from the store, and the explain record says how many the store held. Nothing
+was placed by this conductor, so nothing else could have told it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mooncake_cli import jsonhttp
+from mooncake_cli.conductor.config import ConductorConfig
+from mooncake_cli.conductor.event_routing import STORE
+from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.conductor.state import Request
+from mooncake_cli.kvkeys import block_keys
+from tests.conftest import wait_for
+from tests.helpers.indexer_calls import AUTH, SECRET
+from tests.helpers.store_procs import HERE, Proc
+
+BS = 16
+T = list(range(1000, 1100))  # 6 whole blocks and a part
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    made: list[Proc] = []
+    yield made
+    for p in reversed(made):
+        p.kill()
+
+
+@pytest.fixture
+def store(procs: list[Proc]) -> tuple[Proc, Proc]:
+    master = Proc([sys.executable, "-m", "mooncake_cli", "--json", "store", "master",
+                   "--port", "0", "--kv-events", "tcp://127.0.0.1:0"])
+    procs.append(master)
+    node = Proc([sys.executable, str(HERE / "store_kv_node.py"), "--master",
+                 master.ready["address"]])
+    procs.append(node)
+    return master, node
+
+
+@pytest.fixture
+def conductor(store: tuple[Proc, Proc], tmp_path: Path) -> Iterator[ConductorService]:
+    master, _ = store
+    cfg = ConductorConfig(port=0, model="demo", block_size=BS, instance_ttl=600,
+                          explain=str(tmp_path / "explain.jsonl"),
+                          store_events=master.ready["kv_events"],
+                          store_events_replay=master.ready["kv_events_replay"])
+    svc = ConductorService(cfg, secret=SECRET).start()
+    for name, role in (("a", "prefill"), ("b", "prefill"), ("d", "decode")):
+        ans = jsonhttp.call(svc.url + "/v1/instances/register",
+                            {"name": name, "role": role, "url": "http://127.0.0.1:9"}, auth=AUTH)
+        assert ans.status == 200, ans.body
+    yield svc
+    svc.close()
+
+
+def ask(p: Proc, **cmd: Any) -> None:
+    ans = p.ask(**cmd)
+    assert ans["ok"], ans
+
+
+def decide(svc: ConductorService) -> dict[str, Any]:
+    """One decision for T, booked and released: its explain record."""
+    sreq = Request("r", len(T), 4, block_keys(T, svc.conductor.model.ns), T)
+    decision = svc.conductor.bookings.decide(sreq)
+    svc.conductor.bookings.unbook(decision, sreq)
+    record: dict[str, Any] = json.loads(Path(svc.cfg.explain).read_text().splitlines()[-1])
+    return record
+
+
+def in_store(svc: ConductorService, keys: list[str]) -> int:
+    return svc.indexer.store_depth(keys)["longest"]
+
+
+def test_a_prefix_the_store_holds_is_fetched_from_it(store, conductor) -> None:
+    _, node = store
+    svc = conductor
+    keys = block_keys(T, svc.conductor.model.ns)
+    before = decide(svc)
+    assert before["kv_events"] == {STORE: 0}
+    assert before["prefill"]["fetch_blocks"] == 0
+
+    for key in keys[:4]:
+        ask(node, cmd="put", key=key, size=4096)
+    wait_for(lambda: in_store(svc, keys) == 4, 30, 0.05, "the store's events")
+    record = decide(svc)
+    assert record["kv_events"] == {STORE: 4}
+    chosen = record["prefill"]
+    assert (chosen["local_blocks"], chosen["fetch_blocks"], chosen["fetch_from"]) == \
+        (0, 4, STORE)
+
+    ask(node, cmd="remove", key=keys[2])  # the store's prefix is now two blocks
+    wait_for(lambda: in_store(svc, keys) == 2, 30, 0.05, "the removal event")
+    record = decide(svc)
+    assert record["kv_events"] == {STORE: 2}
+    assert (record["prefill"]["fetch_blocks"], record["prefill"]["fetch_from"]) == (2, STORE)
