@@ -10,6 +10,10 @@ exactly the leading blocks its events say it holds on any medium. Blocks the eng
 are gone from the index at the next decision that asks for them, and a prefill answer's
 `stored_keys` are not taken on faith for followed workers (`follows`): the events say it.
 
+With a store master's object events followed (`follow_store`, `--store-events`), the leading
+blocks of the request the store holds (our block keys, `Indexer.store_depth`) are set the same
+way on the holder STORE: a prefix any prefill worker can fetch, as from a worker's segment.
+
 A block of the conductor's size is known by its sequence hash (`seqhash`); the cache index by
 our block keys (`kvkeys`). Both cut the prompt at the same block size, so the i-th of each
 name the same block and the translation is positional, per request.
