@@ -13,7 +13,8 @@ The master's request path only appends to a deque under the lock it already hold
 waiting events the queue stops taking them (counted `dropped`) and the thread resyncs:
 under the master's lock it empties the queue and copies the object table, then publishes
 `cleared` and one `stored` per held object and medium. A replay asked from before the oldest
-buffered batch (a subscriber too far behind) gets what is buffered and the same resync.
+buffered batch (a subscriber too far behind) gets what is buffered and the same resync (at
+most one a second; an overflowed queue takes no events until then).
 A new subscriber (the XPUB hears it) gets an empty batch, so it learns the next number and
 asks the replay endpoint for what came before.
 """
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mooncake.store.events")
 MEDIA = {"dram": "cpu", "ssd": "disk"}
 COALESCE = 0.001  # seconds the thread waits after a wake-up for more changes to batch
+RESYNC_EVERY = 1.0  # seconds between resyncs at most (each sends all the master holds)
 _NONE: frozenset[str] = frozenset()
 _COMPLETE = ReplicaStatus.COMPLETE
 __all__ = ["ObjectEvents", "endpoint_of", "held_tiers", "replay_of"]
@@ -65,6 +67,7 @@ class ObjectEvents:
         self._queue: deque[tuple[str, str, str]] = deque()  # (event_type, key, tier)
         self._overflow = False
         self._resync = False
+        self._next_resync = 0.0
         self._master: StoreMaster | None = None
         self._event_id = 0
         self._wake_r, self._wake_w = os.pipe()
@@ -137,7 +140,8 @@ class ObjectEvents:
                     wire.publish([])
                 if wire.router in ready and wire.replay():  # the asker missed too much
                     self._resync = True
-                if self._overflow or self._resync:
+                if (self._overflow or self._resync) and time.monotonic() >= self._next_resync:
+                    self._next_resync = time.monotonic() + RESYNC_EVERY
                     self._resync_now()
                 self._drain()
             except Exception:  # a bug must not end the events (nor the master)
