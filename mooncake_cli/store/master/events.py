@@ -40,16 +40,22 @@ log = logging.getLogger("mooncake.store.events")
 MEDIA = {"dram": "cpu", "ssd": "disk"}
 COALESCE = 0.001  # seconds the thread waits after a wake-up for more changes to batch
 RESYNC_EVERY = 1.0  # seconds between resyncs at most (each sends all the master holds)
-_NONE: frozenset[str] = frozenset()
+BITS = {"dram": 1, "ssd": 2}  # a set of tiers as bits: the hook runs in the request path
+TIERS_OF = [tuple(t for t, b in BITS.items() if mask & b) for mask in range(4)]
 _COMPLETE = ReplicaStatus.COMPLETE
 __all__ = ["ObjectEvents", "endpoint_of", "held_tiers", "replay_of"]
 
 
-def held_tiers(meta: ObjectMeta | None) -> frozenset[str]:
-    """The tiers where `meta` has a complete replica (none while its put is under way)."""
+def held_tiers(meta: ObjectMeta | None) -> int:
+    """The tiers (BITS) where `meta` has a complete replica (none while its put is under
+    way)."""
     if meta is None or meta.put_deadline is not None:
-        return _NONE
-    return frozenset(r.tier for r in meta.replicas if r.status is _COMPLETE)
+        return 0
+    mask = 0
+    for r in meta.replicas:
+        if r.status is _COMPLETE:
+            mask |= BITS[r.tier]
+    return mask
 
 
 class ObjectEvents:
@@ -98,13 +104,13 @@ class ObjectEvents:
         if before == after:
             return
         if self._overflow:
-            self.counts["dropped"] += len(before ^ after)
+            self.counts["dropped"] += len(TIERS_OF[before ^ after])
             return
         key = new.key if new is not None else old.key if old is not None else ""
         q = self._queue
-        for tier in before - after:
+        for tier in TIERS_OF[before & ~after]:
             q.append(("removed", key, tier))
-        for tier in after - before:
+        for tier in TIERS_OF[after & ~before]:
             q.append(("stored", key, tier))
         if len(q) > self.queue_size:
             self._overflow = True
@@ -194,7 +200,7 @@ class ObjectEvents:
             self._queue.clear()
             self._overflow = self._resync = False
         self._send([("cleared", "", "")])
-        items = [("stored", meta.key, t) for meta in metas for t in sorted(held_tiers(meta))]
+        items = [("stored", meta.key, t) for meta in metas for t in TIERS_OF[held_tiers(meta)]]
         for i in range(0, len(items), self.max_batch):
             self._send(items[i:i + self.max_batch])
 
