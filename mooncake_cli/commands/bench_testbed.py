@@ -111,13 +111,15 @@ def transfer(
     block_size: str = typer.Option("4MiB", "--block-size", help="Bytes per request."),
     batch_size: int = typer.Option(4, "--batch-size", help="Requests per batch."),
     threads: int = typer.Option(1, "--threads", help="Threads, one outstanding batch each."),
+    streams: int = typer.Option(1, "--streams", help="Parallel raw TCP streams (the "
+                                "reference; like iperf -P)."),
     prefix: str = typer.Option("mctbx", "--prefix", help="Prefix of the testbeds it makes "
                                "(and deletes)."),
 ) -> None:
     """Transfer engine (tcp) against the link rate and a raw TCP stream, per link rate."""
     out: Out = ctx.obj
     rep = linkbench.run([r for r in rates.split(",") if r.strip()], prefix, duration,
-                        parse_size(block_size), batch_size, threads,
+                        parse_size(block_size), batch_size, threads, streams,
                         None if out.json else lambda s: out.err.print(s))
     out.emit(rep, _transfer_table(rep))
 
@@ -127,12 +129,13 @@ def _transfer_table(rep: dict[str, Any]) -> Any:
         w = rep["workload"]
         t = Table(title=f"testbed transfer: {w['op']} {w['block']} x {w['batch_size']} over "
                         f"{w['transport']}, {w['threads']} thread(s), {w['seconds']:g} s each, "
-                        f"{w['hosts']}", title_justify="left", box=box.SIMPLE_HEAD,
+                        f"{w['hosts']}, raw TCP: {w['raw_streams']} stream(s)",
+                  title_justify="left", box=box.SIMPLE_HEAD,
                   caption=f"GB/s = 1e9 bytes/s; started {rep['started_utc']} UTC, load "
-                          f"average {rep['load_average'][0]:.2f} on {rep['cpus']} CPUs",
+                          f"average {rep['load_average_start'][0]:.2f} (1 min) on "
+                          f"{rep['cpus']} CPUs; ÷: over the link rate",
                   caption_justify="left")
-        for col in ("link", "link GB/s", "engine GB/s", "÷ rate", "raw TCP GB/s", "÷ rate",
-                    "engine ÷ raw", "ok"):
+        for col in ("link", "GB/s", "engine", "÷", "raw TCP", "÷", "engine÷raw", "ok"):
             t.add_column(col, justify="left" if col == "link" else "right", no_wrap=True)
         for r in rep["rows"]:
             t.add_row(r["rate"], f"{r['link_gbyte_per_s']:.3f}",

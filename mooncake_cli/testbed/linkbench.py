@@ -1,12 +1,13 @@
 """`bench testbed transfer`: for each link rate, a 2-host testbed (a-b=RATE); the transfer
 engine's tcp transport writes from a to b (`transfer serve` bound to b's address,
-`bench transfer --mode initiator` in a), then one raw Python TCP stream a -> b on the same
-link, each reported as GB/s and as a fraction of the link rate."""
+`bench transfer --mode initiator` in a), then raw Python TCP streams a -> b (one by
+default) on the same link, each reported as GB/s and as a fraction of the link rate."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -27,10 +28,12 @@ def _engine_write(tb: Testbed, block: int, batch: int, threads: int,
                   seconds: float) -> dict[str, Any]:
     """Our engine's row of `bench transfer --mode initiator` (write, tcp) from a to b."""
     buffer = max(256 << 20, block * batch * threads)
+    secret = {"MOONCAKE_SECRET": secrets.token_hex(16)}  # beyond loopback: a cluster secret
     argv, env = bed.exec_argv(tb, "b", MOONCAKE + [
         "transfer", "serve", "--host", tb.address("b"), "--transport", "tcp",
         "--buffer-size", str(buffer)], bind=True)
-    with Child(argv, "the transfer target on b (mooncake transfer serve)", env) as target:
+    with Child(argv, "the transfer target on b (mooncake transfer serve)",
+               {**env, **secret}) as target:
         segment = str(target.line(timeout=60)["segment"])
         argv, env = bed.exec_argv(tb, "a", MOONCAKE + [
             "bench", "transfer", "--mode", "initiator", "--target", segment,
@@ -38,7 +41,7 @@ def _engine_write(tb: Testbed, block: int, batch: int, threads: int,
             "--batch-size", str(batch), "--threads", str(threads), "--duration", str(seconds),
             "--buffer-size", str(buffer)], bind=True)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120,
-                              env={**os.environ, **env})
+                              env={**os.environ, **env, **secret})
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise TransferError(f"bench transfer in host a failed: {tail}")
@@ -49,13 +52,13 @@ def _engine_write(tb: Testbed, block: int, batch: int, threads: int,
 
 
 def run(rates: list[str], prefix: str, seconds: float, block: int, batch: int, threads: int,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        streams: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure every rate in turn; the testbed is down again afterwards."""
     if not rates:
         raise ConfigError("--rates needs at least one rate, e.g. 1gbit,10gbit,25gbit")
     bps = [parse_rate(r) for r in rates]
     rows = []
-    t0 = time.time()
+    t0, load0 = time.time(), os.getloadavg()
     try:
         for rate in bps:
             tb = bed.up(bed.plan(prefix, "a,b", f"a-b={rate_text(rate)}"))
@@ -64,8 +67,8 @@ def run(rates: list[str], prefix: str, seconds: float, block: int, batch: int, t
                 progress(f"{rate_text(rate)}: transfer engine (tcp) a -> b")
             ours = _engine_write(tb, block, batch, threads, seconds)
             if progress:
-                progress(f"{rate_text(rate)}: raw TCP stream a -> b")
-            raw = stream.measure(tb, "a", "b", seconds)
+                progress(f"{rate_text(rate)}: raw TCP ({streams} stream(s)) a -> b")
+            raw = stream.measure(tb, "a", "b", seconds, streams)
             raw_gbyte = raw.bits_per_s / 8 / 1e9
             rows.append({"rate": rate_text(rate), "rate_bps": rate,
                          "link_gbyte_per_s": round(link_gbyte, 4),
@@ -80,7 +83,9 @@ def run(rates: list[str], prefix: str, seconds: float, block: int, batch: int, t
         bed.down(prefix)
     return {"workload": {"op": "write", "transport": "tcp", "block_size": block,
                          "block": human_size(block), "batch_size": batch, "threads": threads,
-                         "seconds": seconds, "hosts": "a -> b", "mtu": bed.MTU},
+                         "seconds": seconds, "hosts": "a -> b", "mtu": bed.MTU,
+                         "raw_streams": streams},
             "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0)),
-            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "load_average_start": [round(x, 2) for x in load0],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
             "cpus": os.cpu_count(), "rows": rows}

@@ -46,6 +46,8 @@ def name_limit(prefix: str) -> int:
 class Testbed:
     """A testbed as made: `prefix` names its namespaces and interfaces."""
 
+    __test__ = False  # not a pytest class
+
     prefix: str
     hosts: list[str]
     links: list[Link]

@@ -1,7 +1,8 @@
 """The skips a run of the suite may have: those that depend on the host's hardware or platform
-(a GPU, an RDMA device, a CPU without non-temporal stores, running as root, an old glibc), and
-the opt-in slow tests. Any other skip means the set-up missed something (etcd, man, an extra, the
-upstream wheel) and fails the run: conftest's `pytest_sessionfinish`.
+(a GPU, an RDMA device, a CPU without non-temporal stores, running as root, network
+namespaces, an old glibc), and the opt-in slow tests. Any other skip means the set-up missed
+something (etcd, man, an extra, the upstream wheel) and fails the run: conftest's
+`pytest_sessionfinish`.
 
     unexpected(reasons)  # the skip reasons not covered here
 """
@@ -15,6 +16,7 @@ EXPECTED = (  # the start of an expected skip reason
     "needs a GPU",
     "an RDMA device",
     "root writes into a read-only folder",
+    "needs network namespaces",  # the testbed: not root, or no `ip netns`
     "non-temporal stores are x86-64 only",
     "glibc >= 2.33",
     "the vllm engine is installed in this environment",  # the core suite inside vLLM's venv
