@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -82,7 +83,7 @@ class EventWire:
         self._seq = 0
         self.topic = f"mooncake-store/{secrets.token_hex(8)}".encode()
 
-    def publish(self, events: list[dict[str, Any]]) -> None:
+    def publish(self, events: Sequence[Any]) -> None:
         payload = _ENCODER.encode([time.time(), events, 0])
         seq = self._seq
         self._seq += 1
