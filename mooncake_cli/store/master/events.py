@@ -81,7 +81,7 @@ class ObjectEvents:
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *,
                  backend_id: str = "", queue_size: int = 1 << 16, buffer: int = 10_000,
-                 max_batch: int = 512) -> None:
+                 max_batch: int = 128) -> None:
         self.backend_id, self.queue_size, self.max_batch = backend_id, queue_size, max_batch
         self.counts: Counter[str] = Counter()
         self._wire = wire = EventWire(endpoint, replay_endpoint or replay_of(endpoint), buffer,
@@ -190,7 +190,9 @@ class ObjectEvents:
             self._send(items)
 
     def _send(self, items: list[tuple[str, str, str]]) -> None:
-        """One batch of (event_type, key, tier)."""
+        """One batch of (event_type, key, tier); then the GIL is let go, so that the master's
+        threads never wait for it long (a thread in a syscall waits for the holder's switch
+        interval, 5 ms, when the holder does not let go by itself)."""
         stamp, first, backend = int(time.time() * 1000), self._event_id, self.backend_id
         self._event_id += len(items)
         events = [Event(kind, first + i, stamp, backend) if kind == "cleared" else
@@ -200,6 +202,7 @@ class ObjectEvents:
             if c := sum(1 for it in items if it[0] == kind):
                 self.counts[kind] += c
         self._wire.publish(events)
+        time.sleep(0)
 
     def _resync_now(self) -> None:
         """`cleared`, then what the master holds now, instead of what the queue held."""
@@ -215,9 +218,11 @@ class ObjectEvents:
             self._queue.clear()
             self._overflow = self._resync = False
         self._send([("cleared", "", "")])
-        items = [("stored", meta.key, t) for meta in metas for t in TIERS_OF[held_tiers(meta)]]
-        for i in range(0, len(items), self.max_batch):
-            self._send(items[i:i + self.max_batch])
+        for i in range(0, len(metas), self.max_batch):
+            items = [("stored", meta.key, t) for meta in metas[i:i + self.max_batch]
+                     for t in TIERS_OF[held_tiers(meta)]]
+            if items:
+                self._send(items)
 
     def close(self) -> None:
         """Stop publishing (the master goes on without events)."""
