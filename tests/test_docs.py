@@ -60,6 +60,7 @@ NEEDS = {
     "hosts": "runs across several hosts (their addresses, an etcd cluster)",
     "install": "installs software or downloads",
     "long": "runs for minutes (a whole benchmark)",
+    "root": "needs root (network namespaces: the testbed)",
 }
 RUN_TIMEOUT = 50.0  # seconds the runnable blocks, run at once, may take
 LOCAL_PATH = re.compile(r"(?<![\w.~-])(/work/|/check/|/root/|/tmp/h\d|\.\./shared/)")

@@ -19,8 +19,9 @@ from mooncake_cli.testbed.topology import DEFAULT_HOSTS, DEFAULT_RATE
 app = typer.Typer(no_args_is_help=True, help="Hosts as network namespaces joined by veth links "
                                              "shaped with tc (root only).")
 
-COMMAND = typer.Argument(..., help="The command and its arguments (after --).")
-HOST = typer.Argument(..., help="The host whose namespace runs the command.")
+COMMAND = typer.Argument(..., metavar="CMD...", help="The command and its arguments "
+                         "(after --).")
+HOST = typer.Argument(..., metavar="HOST", help="The host whose namespace runs the command.")
 PREFIX = typer.Option(DEFAULT_PREFIX, "--prefix", help="Names the namespaces (PREFIX-HOST), "
                       "interfaces and the record /run/mooncake-testbed-PREFIX.json.")
 
@@ -105,13 +106,13 @@ def exec_(
 @app.command("transfer")
 def transfer(
     ctx: typer.Context,
-    rates: str = typer.Option("1gbit,10gbit,25gbit", "--rates", help="Link rates, one "
-                              "2-host testbed each."),
+    rates: str = typer.Option("1gbit,10gbit,25gbit", "--rates", metavar="RATE,...",
+                              help="Link rates, one 2-host testbed each."),
     duration: float = typer.Option(5.0, "--duration", help="Seconds per measurement."),
     block_size: str = typer.Option("4MiB", "--block-size", help="Bytes per request."),
     batch_size: int = typer.Option(4, "--batch-size", help="Requests per batch."),
     threads: int = typer.Option(1, "--threads", help="Threads, one outstanding batch each."),
-    streams: int = typer.Option(1, "--streams", help="Parallel raw TCP streams (the "
+    streams: int = typer.Option(1, "--streams", metavar="N", help="Parallel raw TCP streams (the "
                                 "reference; like iperf -P)."),
     prefix: str = typer.Option("mctbx", "--prefix", help="Prefix of the testbeds it makes "
                                "(and deletes)."),
