@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.kvkeys import block_keys
 from tests.conftest import wait_for
-from tests.helpers.indexer_calls import AUTH, SECRET
+from tests.helpers.indexer_calls import AUTH, SECRET, publisher_factory, vh
+from tests.helpers.kv_publisher import Publisher, removed, stored
 from tests.helpers.store_procs import HERE, Proc
 
 BS = 16
@@ -35,6 +36,11 @@ def procs() -> Iterator[list[Proc]]:
     yield made
     for p in reversed(made):
         p.kill()
+
+
+@pytest.fixture
+def publishers() -> Iterator[Callable[..., Publisher]]:
+    yield from publisher_factory()
 
 
 @pytest.fixture
@@ -104,3 +110,39 @@ def test_a_prefix_the_store_holds_is_fetched_from_it(store, conductor) -> None:
     record = decide(svc)
     assert record["kv_events"] == {STORE: 2}
     assert (record["prefill"]["fetch_blocks"], record["prefill"]["fetch_from"]) == (2, STORE)
+
+
+def engine_key(h: str) -> str:
+    """The object key vLLM's MooncakeStoreConnector puts a block under (vLLM's hash `h`)."""
+    return f"m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{h.removeprefix('b:')}"
+
+
+def test_blocks_vllm_saved_in_the_store_are_joined_with_its_events(store, conductor,
+                                                                   publishers) -> None:
+    """A vLLM prefill worker's events name its blocks' hashes with their tokens; the store's
+    events name the objects vLLM's store connector put, by the same hashes. Once the worker
+    evicted the blocks from its own cache, the store still has them for anyone to fetch."""
+    _, node = store
+    svc = conductor
+    pub = publishers()
+    ans = jsonhttp.call(svc.url + "/v1/instances/register", {
+        "name": "v", "role": "prefill", "url": "http://127.0.0.1:9",
+        "kv_events": {"endpoint": pub.pub, "replay_endpoint": pub.replay, "block_size": BS}},
+        auth=AUTH)
+    assert ans.status == 200, ans.body
+    pub.wait_subscribers(1)
+    hv = [vh("v", i) for i in range(5)]
+    pub.publish([stored(hv, T[:80], BS)])
+    for h in hv[:3]:  # the store connector saved the first three
+        ask(node, cmd="put", key=engine_key(h), size=4096)
+    wait_for(lambda: decide(svc)["kv_events"] == {"v": 5, STORE: 3}, 30, 0.05,
+             "both streams")
+    assert decide(svc)["prefill"]["instance"] == "v"
+
+    pub.publish([removed(hv)])  # vLLM evicted all five from its own cache
+    wait_for(lambda: decide(svc)["kv_events"] == {"v": 0, STORE: 3}, 30, 0.05, "the eviction")
+    chosen = decide(svc)["prefill"]
+    assert (chosen["local_blocks"], chosen["fetch_blocks"], chosen["fetch_from"]) == \
+        (0, 3, STORE)
+    ask(node, cmd="remove", key=engine_key(hv[1]))  # a hole: only the first block is whole
+    wait_for(lambda: decide(svc)["kv_events"] == {"v": 0, STORE: 1}, 30, 0.05, "the removal")

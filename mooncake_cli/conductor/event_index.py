@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mooncake_cli.conductor.kv_events import BlockHash, Cleared, Event, Removed, Stored
@@ -200,6 +200,21 @@ class StreamIndex:
                 media &= held.media if held is not None else set()
             out |= media
         return out
+
+    def covered(self, lora: str | None, hashes: Sequence[int],
+                held: Callable[[BlockHash], bool]) -> int:
+        """Leading `hashes` (as in `match`) whose every vLLM block, the one each ends in and
+        the earlier ones its tokens lie in, is `held` somewhere else (in the store, say):
+        whether this stream holds it now or not, it knows which vLLM blocks make it up."""
+        n = 0
+        with self._lock:
+            for h in hashes:
+                if not any(held(v) and all(o is not _LOST and held(o)
+                                           for o in self._nodes[v].spans[j])
+                           for v, j in self._done.get((lora, h), {}).items()):
+                    break
+                n += 1
+        return n
 
     def held(self) -> dict[str, int]:
         """vLLM blocks held per medium."""

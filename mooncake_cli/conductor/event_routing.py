@@ -11,8 +11,11 @@ are gone from the index at the next decision that asks for them, and a prefill a
 `stored_keys` are not taken on faith for followed workers (`follows`): the events say it.
 
 With a store master's object events followed (`follow_store`, `--store-events`), the leading
-blocks of the request the store holds (our block keys, `Indexer.store_depth`) are set the same
-way on the holder STORE: a prefix any prefill worker can fetch, as from a worker's segment.
+blocks of the request the store holds are set the same way on the holder STORE: a prefix any
+prefill worker can fetch, as from a worker's segment. Our workers' blocks are known by our
+block keys (`Indexer.store_depth`); those vLLM's store connector saved, by vLLM's block hashes,
+joined with the followed workers' events, which name the same hashes with their tokens
+(`Indexer.engine_store_depth`).
 
 A block of the conductor's size is known by its sequence hash (`seqhash`); the cache index by
 our block keys (`kvkeys`). Both cut the prompt at the same block size, so the i-th of each
@@ -87,14 +90,17 @@ class EventRouting:
         if not keys:
             return {}
         depths: dict[str, int] = {}
+        scope = Scope(self.model, self.block_size)
+        hashes = seq_hashes(tokens, self.block_size)[:len(keys)] if names else []
         if names:
-            hashes = seq_hashes(tokens, self.block_size)[:len(keys)]
-            matches = self.indexer.match(Scope(self.model, self.block_size), hashes)
+            matches = self.indexer.match(scope, hashes)
             for name in names:
                 m = matches.get(name)
                 depths[name] = m.longest_matched // self.block_size if m is not None else 0
-        if self._store:
-            depths[STORE] = self.indexer.store_depth([str(k) for k in keys])["longest"]
+        if self._store:  # our workers' blocks by our keys, vLLM's by the blocks' vLLM hashes
+            ours = self.indexer.store_depth([str(k) for k in keys])["longest"]
+            depths[STORE] = max(ours, self.indexer.engine_store_depth(scope, hashes)
+                                if hashes else 0)
             if not index.knows(STORE):
                 index.add_instance(STORE)
         for name, d in depths.items():

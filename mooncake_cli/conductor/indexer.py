@@ -30,6 +30,7 @@ import zmq
 from mooncake_cli.api.errors import ErrorCode, ServingError, bad
 from mooncake_cli.api.indexer import InstanceMatch, Register, Unregister
 from mooncake_cli.conductor.event_index import TIERS, Match, StreamIndex
+from mooncake_cli.conductor.kv_events import BlockHash
 from mooncake_cli.conductor.kv_subscriber import Subscriber
 from mooncake_cli.conductor.store_index import StoreIndex
 
@@ -174,6 +175,22 @@ class Indexer:
                             ("disk", m.tiers["disk"])):
                 best[name] = max(best[name], n)
         return best
+
+    def engine_store_depth(self, scope: Scope, hashes: Sequence[int]) -> int:
+        """Leading `hashes` (sequence hashes at `scope.block_size`) the store holds as vLLM's
+        store connector saved them: any vLLM stream of `scope` that saw the blocks names
+        their vLLM hashes, and a store stream says which of those it holds."""
+        with self._lock:
+            stores = [s.index for s in self._streams.values() if isinstance(s.index, StoreIndex)]
+            engines = [s.index for s in self._streams.values()
+                       if isinstance(s.index, StreamIndex) and s.serves(scope)]
+        if not stores or not engines:
+            return 0
+
+        def held(h: BlockHash) -> bool:
+            return any(store.engine_holds(h) for store in stores)
+
+        return max(ix.covered(scope.lora_name, hashes, held) for ix in engines)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Each stream: its registration, where its events stand, and what it holds (a store

@@ -1,6 +1,7 @@
 """`conductor start --local P,D`: a whole cluster in one process, for a laptop.
 
-A store master on a free loopback port, P prefill and D decode workers of the same model (each
+A store master on a free loopback port (publishing its object events on loopback, which the
+conductor follows: `--store-events`), P prefill and D decode workers of the same model (each
 with its own KV cache, store segment and HTTP port; on the worker config's engine: ours, or
 vLLM's in this process with its engine cores beside it), and the conductor in front of them. Closing
 stops the conductor first, then the workers (finishing what is in flight), then the master.
@@ -23,7 +24,8 @@ from mooncake_cli.config import TransferConfig
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.config import StoreConfig
-from mooncake_cli.store.service import MasterService, master_from
+from mooncake_cli.store.master.events import ObjectEvents
+from mooncake_cli.store.service import MasterService, events_from, master_from
 from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.engines import Worker, worker_class
 
@@ -49,6 +51,7 @@ class LocalCluster:
                  worker: WorkerConfig | None = None, transfer: TransferConfig | None = None,
                  progress: Callable[[str], None] = lambda _: None) -> None:
         self.master: MasterService | None = None
+        self.events: ObjectEvents | None = None
         self.workers: list[Worker] = []
         self.conductor: ConductorService | None = None
         base = worker or WorkerConfig()
@@ -59,8 +62,10 @@ class LocalCluster:
         self.secret = transfer.secret or new_secret()
         transfer = dataclasses.replace(transfer, secret=self.secret)
         try:
-            store_cfg = StoreConfig()
-            self.master = MasterService(master_from(store_cfg), cfg.host, 0, self.secret)
+            store_cfg = StoreConfig(kv_events="tcp://127.0.0.1:0")
+            self.events = events_from(store_cfg)
+            self.master = MasterService(master_from(store_cfg, self.events), cfg.host, 0,
+                                        self.secret)
             self.master.__enter__()
             progress(f"store master at {self.master.address}")
             registry = Registry.from_env()
@@ -74,7 +79,10 @@ class LocalCluster:
                     progress(f"{w.name} at {w.url}")
             urls = {r: tuple(w.url for w in self.workers if w.role == r)
                     for r in ("prefill", "decode")}
-            ccfg = dataclasses.replace(cfg, prefill=urls["prefill"], decode=urls["decode"])
+            assert self.events is not None
+            ccfg = dataclasses.replace(cfg, prefill=urls["prefill"], decode=urls["decode"],
+                                       store_events=self.events.endpoint,
+                                       store_events_replay=self.events.replay_endpoint)
             self.conductor = ConductorService(ccfg, self.secret).start()
         except BaseException:
             self.close()
@@ -98,3 +106,6 @@ class LocalCluster:
         if self.master is not None:
             self.master.__exit__(None, None, None)
             self.master = None
+        if self.events is not None:
+            self.events.close()
+            self.events = None

@@ -4,12 +4,18 @@
 
 A query's token ids become our block keys in every namespace seen of its model and block size
 (the store may hold one model under several dtypes or geometries: the deepest match counts).
-Objects whose key is not one of ours (another connector's, e.g. vLLM's MooncakeStoreConnector)
-are counted (`foreign`), never indexed. At most `max_keys` keys (beyond: `dropped`).
+vLLM's MooncakeStoreConnector keys (`<model>@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@<hex>`, one
+object per vLLM block, named by vLLM's block hash) are kept apart, by that hash (`engine`): the
+conductor joins them with the vLLM workers' own KV events, which carry the same hashes with
+the tokens (`Indexer.engine_store_depth`). Only rank 0 of every parallel dimension and KV cache
+group 0 are kept (a tensor-parallel block counts as held when rank 0's shard is). Other objects
+whose key is not one of ours are counted (`foreign`), never indexed. At most `max_keys` keys
+of each kind (beyond: `dropped`).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -19,6 +25,7 @@ from mooncake_cli.conductor.kv_events import Cleared, Event, ObjectRemoved, Obje
 from mooncake_cli.kvkeys import KEY_PREFIX, KVNamespace, block_keys, parse_key
 
 BIT = {m: 1 << i for i, m in enumerate((*TIERS, "other"))}  # a key's media as bits (memory)
+_ENGINE_KEY = re.compile(r"@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@([0-9a-f]{16,128})$")
 
 
 def _zero() -> Match:
@@ -30,6 +37,7 @@ class StoreIndex:
         self.max_keys = max_keys
         self.counts: Counter[str] = Counter()
         self._media: dict[str, int] = {}  # key -> its media (BIT)
+        self._engine: dict[bytes, int] = {}  # vLLM block hash -> its media (BIT)
         self._spaces: Counter[KVNamespace] = Counter()  # keys held per namespace
         self._ns: dict[str, KVNamespace | None] = {}  # key prefix -> its namespace (None: not ours)
         self._lock = threading.Lock()
@@ -69,6 +77,7 @@ class StoreIndex:
 
     def _clear(self) -> None:
         self._media.clear()
+        self._engine.clear()
         self._spaces.clear()
 
     def _stored(self, ev: ObjectStored) -> None:
@@ -76,7 +85,7 @@ class StoreIndex:
         if media is None:
             ns = self._namespace(ev.key)
             if ns is None:
-                self.counts["foreign"] += 1
+                self._engine_stored(ev)
                 return
             if len(self._media) >= self.max_keys:
                 self.counts["dropped"] += 1
@@ -86,7 +95,33 @@ class StoreIndex:
         self._media[ev.key] = media | BIT.get(ev.medium, BIT["other"])
         self.counts["stored"] += 1
 
+    def _engine_stored(self, ev: ObjectStored) -> None:
+        h = _engine_hash(ev.key)
+        if h is None:
+            self.counts["foreign"] += 1
+            return
+        if h not in self._engine and len(self._engine) >= self.max_keys:
+            self.counts["dropped"] += 1
+            return
+        self._engine[h] = self._engine.get(h, 0) | BIT.get(ev.medium, BIT["other"])
+        self.counts["engine_stored"] += 1
+
+    def _engine_removed(self, ev: ObjectRemoved) -> bool:
+        h = _engine_hash(ev.key)
+        media, bit = self._engine.get(h, 0) if h is not None else 0, BIT.get(ev.medium,
+                                                                              BIT["other"])
+        if h is None or not media & bit:
+            return False
+        self.counts["engine_removed"] += 1
+        if media & ~bit:
+            self._engine[h] = media & ~bit
+        else:
+            del self._engine[h]
+        return True
+
     def _removed(self, ev: ObjectRemoved) -> None:
+        if ev.key not in self._media and self._engine_removed(ev):
+            return
         media, bit = self._media.get(ev.key, 0), BIT.get(ev.medium, BIT["other"])
         if not media & bit:
             self.counts["removed_unknown"] += 1
@@ -137,6 +172,13 @@ class StoreIndex:
                 best = m
         return best
 
+    def engine_holds(self, h: bytes | int) -> bool:
+        """Whether vLLM's block `h` (a hash its KV events name) is in the store, anywhere."""
+        if not isinstance(h, bytes):
+            return False
+        with self._lock:
+            return bool(self._engine.get(h))
+
     def held(self) -> dict[str, int]:
         """Objects held per medium."""
         with self._lock:
@@ -146,3 +188,8 @@ class StoreIndex:
     def namespaces(self) -> list[str]:
         with self._lock:
             return sorted(ns.tag() for ns in self._spaces)
+
+
+def _engine_hash(key: str) -> bytes | None:
+    m = _ENGINE_KEY.search(key)
+    return bytes.fromhex(m.group(1)) if m is not None and len(m.group(1)) % 2 == 0 else None
