@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from mooncake_cli.testbed import netns, stream
 from mooncake_cli.testbed.state import Testbed, state_path
@@ -105,7 +106,18 @@ def test_up_twice_replaces_and_down_removes_only_its_own(bed: Testbed) -> None:
     st = json.loads(cli("--json", "bench", "testbed", "status", "--prefix", "mctu").stdout)
     assert [h["host"] for h in st["hosts"]] == ["x", "y"] and st["up"]
     assert _root_view() == root  # nothing in the root namespace changed
-    done = cli("bench", "testbed", "down", "--prefix", "mctu")
+    left = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "bench", "testbed", "exec",
+                             "--prefix", "mctu", "x", "--", "sleep", "600"])
+    try:
+        deadline = time.monotonic() + 30
+        while str(left.pid) not in netns.run(["ip", "netns", "pids", "mctu-x"]).split():
+            assert time.monotonic() < deadline, "exec never entered mctu-x"
+            time.sleep(0.05)
+        done = cli("bench", "testbed", "down", "--prefix", "mctu")
+        assert left.wait(timeout=10) == -9  # down killed what still ran in the namespace
+    finally:
+        if left.poll() is None:
+            left.kill()
     assert "mctu-x" in done.stdout and "mctu-y" in done.stdout
     assert not [n for n in netns.namespaces() if n.startswith("mctu-")]
     assert not os.path.exists(state_path("mctu"))
@@ -114,7 +126,13 @@ def test_up_twice_replaces_and_down_removes_only_its_own(bed: Testbed) -> None:
     assert {f"mctt-{h}" for h in bed.hosts} <= set(netns.namespaces())
 
 
-def test_errors_are_one_line() -> None:
+def test_errors_are_one_line(bed: Testbed) -> None:
+    done = cli("bench", "testbed", "exec", "--prefix", "mctt", "zz", "--", "true", check=False)
+    assert (done.returncode, done.stderr.strip()) == (
+        2, "error: no host 'zz' in the testbed (hosts: a, b, c, d)")
+    done = cli("bench", "testbed", "exec", "--prefix", "mctv", "a", "--", "true", check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: no testbed is up (no /run/mooncake-testbed-mctv.json)")
     done = cli("bench", "testbed", "up", "--prefix", "mctu", "--links", "a-z=1gbit",
                check=False)
     assert done.returncode == 2

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from mooncake_cli.testbed import bed as testbed_bed
+from mooncake_cli.testbed import netns
 from mooncake_cli.testbed.netns import TestbedError, check_can_make
 from mooncake_cli.testbed.state import Testbed
 
@@ -24,9 +25,13 @@ PREFIX = "mctt"  # not the CLI's default: a test run leaves a user's testbed alo
 
 
 def cannot_make() -> str | None:
-    """Why namespaces cannot be made here, or None."""
+    """Why namespaces cannot be made here (not root, no `ip netns`, a namespace refused, as in
+    a container without CAP_SYS_ADMIN), or None."""
+    probe = f"{PREFIX}-probe"
     try:
         check_can_make()
+        netns.run(["ip", "netns", "add", probe])
+        netns.run(["ip", "netns", "delete", probe])
     except TestbedError as e:
         return f"{SKIP}: {e}"
     return None
