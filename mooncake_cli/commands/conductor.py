@@ -9,11 +9,8 @@ import typer
 from mooncake_cli.commands import common as c
 from mooncake_cli.conductor.config import PIPELINE, ConductorConfig
 from mooncake_cli.config import help_of, load
-from mooncake_cli.interfaces import ConfigError, MooncakeError
+from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
-
-if TYPE_CHECKING:
-    from mooncake_cli.conductor.indexer import Indexer
 
 
 def _opt(flag: str, name: str, metavar: str | None = None) -> Any:
@@ -118,8 +115,6 @@ def start(
         else:
             svc = conductor = ConductorService(cfg, tcfg.secret).start()
         try:
-            if cfg.store_events:  # the store's holdings, as a /register of type Mooncake
-                _follow_store(conductor.indexer, cfg.store_events, cfg.store_events_replay)
             name = conductor.conductor.model.name
             out.event({"event": "serving", "url": svc.url, "model": name,
                        "policy": cfg.policy, "auth": bool(tcfg.secret or local),
@@ -129,10 +124,3 @@ def start(
         finally:
             svc.close()
     out.event({"event": "stopped"}, "conductor stopped")
-
-
-def _follow_store(indexer: Indexer, endpoint: str, replay: str) -> None:
-    try:
-        indexer.follow_store(endpoint, replay or None)
-    except MooncakeError as e:
-        raise ConfigError(f"--store-events {endpoint}: {e}") from None
