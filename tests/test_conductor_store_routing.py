@@ -117,11 +117,14 @@ def engine_key(h: str) -> str:
     return f"m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{h.removeprefix('b:')}"
 
 
+@pytest.mark.parametrize("as_int", [True, False], ids=["int-hashes", "byte-hashes"])
 def test_blocks_vllm_saved_in_the_store_are_joined_with_its_events(store, conductor,
-                                                                   publishers) -> None:
-    """A vLLM prefill worker's events name its blocks' hashes with their tokens; the store's
-    events name the objects vLLM's store connector put, by the same hashes. Once the worker
-    evicted the blocks from its own cache, the store still has them for anyone to fetch."""
+                                                                   publishers, as_int) -> None:
+    """A vLLM prefill worker's events name its blocks' hashes with their tokens (by default
+    the low 64 bits as an int, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES; else the whole hash); the
+    store's events name the objects vLLM's store connector put, by the whole hash. Once the
+    worker evicted the blocks from its own cache, the store still has them for anyone to
+    fetch."""
     _, node = store
     svc = conductor
     pub = publishers()
@@ -132,14 +135,15 @@ def test_blocks_vllm_saved_in_the_store_are_joined_with_its_events(store, conduc
     assert ans.status == 200, ans.body
     pub.wait_subscribers(1)
     hv = [vh("v", i) for i in range(5)]
-    pub.publish([stored(hv, T[:80], BS)])
+    named = [int(h[2:], 16) & (1 << 64) - 1 if as_int else h for h in hv]  # as vLLM sends them
+    pub.publish([stored(named, T[:80], BS)])
     for h in hv[:3]:  # the store connector saved the first three
         ask(node, cmd="put", key=engine_key(h), size=4096)
     wait_for(lambda: decide(svc)["kv_events"] == {"v": 5, STORE: 3}, 30, 0.05,
              "both streams")
     assert decide(svc)["prefill"]["instance"] == "v"
 
-    pub.publish([removed(hv)])  # vLLM evicted all five from its own cache
+    pub.publish([removed(named)])  # vLLM evicted all five from its own cache
     wait_for(lambda: decide(svc)["kv_events"] == {"v": 0, STORE: 3}, 30, 0.05, "the eviction")
     chosen = decide(svc)["prefill"]
     assert (chosen["local_blocks"], chosen["fetch_blocks"], chosen["fetch_from"]) == \

@@ -5,7 +5,8 @@
 A query's token ids become our block keys in every namespace seen of its model and block size
 (the store may hold one model under several dtypes or geometries: the deepest match counts).
 vLLM's MooncakeStoreConnector keys (`<model>@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@<hex>`, one
-object per vLLM block, named by vLLM's block hash) are kept apart, by that hash (`engine`): the
+object per vLLM block, named by vLLM's block hash) are kept apart, by that hash's low 64 bits
+(what vLLM's events carry by default, and enough to tell blocks apart: `engine`): the
 conductor joins them with the vLLM workers' own KV events, which carry the same hashes with
 the tokens (`Indexer.engine_store_depth`). Only rank 0 of every parallel dimension and KV cache
 group 0 are kept (a tensor-parallel block counts as held when rank 0's shard is). Other objects
@@ -37,7 +38,7 @@ class StoreIndex:
         self.max_keys = max_keys
         self.counts: Counter[str] = Counter()
         self._media: dict[str, int] = {}  # key -> its media (BIT)
-        self._engine: dict[bytes, int] = {}  # vLLM block hash -> its media (BIT)
+        self._engine: dict[int, int] = {}  # vLLM block hash (low 64 bits) -> its media (BIT)
         self._spaces: Counter[KVNamespace] = Counter()  # keys held per namespace
         self._ns: dict[str, KVNamespace | None] = {}  # key prefix -> its namespace (None: not ours)
         self._lock = threading.Lock()
@@ -173,11 +174,11 @@ class StoreIndex:
         return best
 
     def engine_holds(self, h: bytes | int) -> bool:
-        """Whether vLLM's block `h` (a hash its KV events name) is in the store, anywhere."""
-        if not isinstance(h, bytes):
-            return False
+        """Whether vLLM's block `h` (a hash its KV events name: the whole hash, or by default
+        its low 64 bits as an int, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES) is in the store."""
+        key = _low64(h) if isinstance(h, bytes) else h
         with self._lock:
-            return bool(self._engine.get(h))
+            return bool(self._engine.get(key))
 
     def held(self) -> dict[str, int]:
         """Objects held per medium."""
@@ -190,6 +191,13 @@ class StoreIndex:
             return sorted(ns.tag() for ns in self._spaces)
 
 
-def _engine_hash(key: str) -> bytes | None:
+def _low64(h: bytes) -> int:
+    """vLLM's own conversion of a block hash for its KV events (maybe_convert_block_hash)."""
+    return int.from_bytes(h, "big") & ((1 << 64) - 1)
+
+
+def _engine_hash(key: str) -> int | None:
     m = _ENGINE_KEY.search(key)
-    return bytes.fromhex(m.group(1)) if m is not None and len(m.group(1)) % 2 == 0 else None
+    if m is None or len(m.group(1)) % 2:
+        return None
+    return _low64(bytes.fromhex(m.group(1)))

@@ -5,7 +5,8 @@ KV events (BlockStored, BlockRemoved) and the conductor follows them. A prompt s
 prefix with an earlier one goes to the worker whose events say it holds that prefix, and vLLM
 reports the tokens it found cached. When that worker's vLLM evicts the blocks (a small KV
 cache, filled by other prompts sent to it directly), its removal events take them out of the
-conductor's index, and the next decision counts nothing held there.
+conductor's index, and the next decision counts nothing held there: it fetches the prefix from
+the store instead, where vLLM's store connector saved it (the store master's own events).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import httpx
 import pytest
 from mooncake_cli import jsonhttp
 from mooncake_cli.auth import signer
+from mooncake_cli.conductor.event_routing import STORE
 from openai import OpenAI
 from procs import poll
 from prompts import long_prompt
@@ -43,7 +45,8 @@ def cluster(model_dir: Path, logs: Path, tmp_path_factory: pytest.TempPathFactor
     try:
         proc.wait_until(lambda: event(proc, "serving") is not None, START_S)
         url = event(proc, "serving")["url"]
-        assert poll(lambda: len(streams(url)) == 2 or None, 60), streams(url)
+        engines = lambda: [s for s in streams(url) if s["type"] == "vLLM"]  # noqa: E731
+        assert poll(lambda: len(engines()) == 2 or None, 60), streams(url)
         served = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         yield {"url": url, "explain": explain, "proc": proc, "model": served}
     finally:
@@ -102,7 +105,7 @@ def test_routes_on_events_and_forgets_evicted_blocks(cluster: dict[str, Any]) ->
     answer = ask(c, cluster["model"], second)
     d2 = decisions(explain)[-1]
     assert d2["prefill"]["instance"] == owner
-    assert d2["kv_events"] == {owner: whole // BS, other: 0}
+    assert (d2["kv_events"][owner], d2["kv_events"][other]) == (whole // BS, 0)
     assert d2["prefill"]["local_blocks"] == whole // BS
     assert answer.usage.prompt_tokens_details.cached_tokens == whole  # vLLM's own count
 
@@ -123,7 +126,12 @@ def test_routes_on_events_and_forgets_evicted_blocks(cluster: dict[str, Any]) ->
     kinds = {s["instance_id"]: s["counts"] for s in streams(url)}
     assert kinds[owner].get("removed", 0) > 0
 
-    ask(c, cluster["model"], second)
+    # vLLM's store connector saved the prefix: the store's own events (the --local master's)
+    # name those objects by vLLM's block hashes, which the owner's events tied to the tokens
+    answer = ask(c, cluster["model"], second)
     d3 = decisions(explain)[-1]
-    assert d3["kv_events"][owner] == 0
-    assert d3["prefill"]["local_blocks"] == 0
+    assert d3["kv_events"] == {owner: 0, other: 0, STORE: whole // BS}
+    chosen = d3["prefill"]
+    assert (chosen["local_blocks"], chosen["fetch_blocks"], chosen["fetch_from"]) == \
+        (0, whole // BS, STORE)
+    assert answer.usage.prompt_tokens_details.cached_tokens == whole  # loaded from the store
