@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -44,8 +46,14 @@ class Status(NamedTuple):  # a tuple: cheap to make on every poll
 class Batch:
     """Tracks the slices of each request; thread-safe. Created by `TransferEngine.submit`."""
 
-    def __init__(self, requests: list[TransferRequest]) -> None:
+    def __init__(self, requests: list[TransferRequest],
+                 on_done: Callable[[Batch, Mapping[int, float]], None] | None = None) -> None:
+        """`on_done(batch, ended)` runs once every request finished, `ended` giving when
+        each completed one did (perf_counter; the engine's link statistics)."""
         self.requests = requests
+        self.started = time.perf_counter()
+        self._on_done = on_done
+        self._ended: dict[int, float] = {}
         self._lock = threading.Lock()
         self._cond: threading.Condition | None = None  # made by the first wait() that blocks
         self._left = [0] * len(requests)
@@ -62,6 +70,11 @@ class Batch:
 
     def _finish(self, index: int) -> None:
         self._open -= 1
+        if self._on_done is not None:
+            if self._reason[index] is None:
+                self._ended[index] = time.perf_counter()
+            if self._open == 0:
+                self._on_done(self, self._ended)
         if self._open == 0 and self._cond is not None:
             self._cond.notify_all()
 

@@ -30,6 +30,7 @@ from mooncake_cli.transfer.directory import PeerDirectory, pick_transports
 from mooncake_cli.transfer.dispatch import MIN_SLICE, cut, post_all, run_slice
 from mooncake_cli.transfer.endpoints import Endpoints
 from mooncake_cli.transfer.hostinfo import boot_id, hostname
+from mooncake_cli.transfer.linkstats import LinkStats
 from mooncake_cli.transfer.metadata import open_metadata
 from mooncake_cli.transfer.peers import Peer
 from mooncake_cli.transfer.segment import Region, Segment
@@ -79,6 +80,7 @@ class TransferEngine:
                                   self.segment, self.descriptor, self._secret, config.timeout,
                                   self._connections)
         self._buffers: dict[int, Any] = {}
+        self.links = LinkStats()  # bytes and seconds per peer and direction (linkstats.py)
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._workers = [threading.Thread(target=self._work, name=f"mooncake-worker-{i}",
                                           daemon=True) for i in range(config.workers)]
@@ -181,7 +183,7 @@ class TransferEngine:
         """Queue a batch and return at once (small batches complete before returning)."""
         if self._closed:
             raise TransferError("engine is closed")
-        batch = Batch(list(requests))
+        batch = Batch(list(requests), self.links.batch_done)
         work: list[tuple[Any, ...]] = []
         fresh: dict[str, SegmentDescriptor] = {}
         whole: dict[int, tuple[Peer, list[tuple[int, Slice]]]] = {}  # batched peers' share
