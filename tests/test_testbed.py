@@ -14,7 +14,7 @@ from mooncake_cli.testbed import netns, stream
 from mooncake_cli.testbed.state import Testbed, state_path
 from tests.helpers import testbed
 
-LINKS = "a-b=1gbit,a-c=10gbit,b-c=25gbit,c-d=100mbit"
+LINKS = "a-b=1gbit,a-c=10gbit,b-c=25gbit,c-d=100mbit/mtu=1500:1400"
 bed = testbed.fixture("4", LINKS)
 
 
@@ -89,6 +89,9 @@ def test_status_lists_each_hosts_addresses_and_rates(bed: Testbed) -> None:
     for h in st["hosts"]:
         for a in h["addresses"]:
             assert a["present"] and a["shaped_bps"] == a["rate_bps"], a
+            assert a["mtu_now"] == a["mtu"], a
+    mtus = {(h["host"], a["peer"]): a["mtu_now"] for h in st["hosts"] for a in h["addresses"]}
+    assert (mtus[("c", "d")], mtus[("d", "c")], mtus[("a", "b")]) == (1500, 1400, 1500)
 
 
 def _root_view() -> tuple[str, str]:

@@ -35,7 +35,7 @@ def _status_table(st: dict[str, Any]) -> Any:
             return
         t = Table(title=f"testbed {st['prefix']}: {'up' if st['up'] else 'DAMAGED'}, made "
                         f"{st['created']}", title_justify="left", box=box.SIMPLE_HEAD)
-        for col in ("host", "netns", "address", "interface", "peer", "rate", "shaped"):
+        for col in ("host", "netns", "address", "interface", "peer", "rate", "shaped", "mtu"):
             t.add_column(col, no_wrap=True)
         for h in st["hosts"]:
             name = h["host"] + (" (forwards)" if h["forwards"] else "")
@@ -44,7 +44,9 @@ def _status_table(st: dict[str, Any]) -> Any:
                 shaped = "-" if a["shaped_bps"] is None else (
                     "yes" if a["shaped_bps"] == a["rate_bps"] else f"{a['shaped_bps']} bit/s")
                 addr = a["address"] + ("" if a["present"] else " MISSING")
-                t.add_row(name, ns, addr, a["ifname"], a["peer"], a["rate"], shaped)
+                mtu = str(a["mtu"]) + ("" if a["mtu_now"] in (None, a["mtu"])
+                                       else f" (now {a['mtu_now']})")
+                t.add_row(name, ns, addr, a["ifname"], a["peer"], a["rate"], shaped, mtu)
                 name = ns = ""
         con.print(t)
         con.print(f"{len(st['routes'])} static route(s) for hosts without a direct link")
@@ -58,8 +60,9 @@ def up(
                               "...) or comma-separated names."),
     links: str = typer.Option(None, "--links", help="HOST-HOST=RATE pairs, e.g. "
                               f"'a-b=1gbit,a-c=10gbit,b-c=25gbit' [default: every pair at "
-                              f"{DEFAULT_RATE}]. Hosts without a direct link talk through "
-                              "others."),
+                              f"{DEFAULT_RATE}]; /mtu=N sets both ends' MTU, /mtu=N:M each "
+                              "end's (a-b=1gbit/mtu=1500:1400) [default: 1500]. Hosts "
+                              "without a direct link talk through others."),
     prefix: str = PREFIX,
 ) -> None:
     """Replace any testbed of this prefix with a new one: a namespace per host, a veth pair per

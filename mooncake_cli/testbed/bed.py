@@ -19,7 +19,7 @@ from mooncake_cli.testbed.state import (
     save,
 )
 
-MTU = 1500
+MTU = topology.MTU
 
 
 def plan(prefix: str, hosts: str, links: str | None) -> Testbed:
@@ -61,8 +61,8 @@ def up(bed: Testbed) -> Testbed:
         for h in bed.hosts:
             netns.add_namespace(netns_name(p, h))
         for k in bed.links:
-            netns.add_veth(netns_name(p, k.a), ifname(p, k.b), netns_name(p, k.b),
-                           ifname(p, k.a), MTU)
+            netns.add_veth(netns_name(p, k.a), ifname(p, k.b), k.mtu_a, netns_name(p, k.b),
+                           ifname(p, k.a), k.mtu_b)
             for h in (k.a, k.b):
                 ns, dev = netns_name(p, h), ifname(p, k.peer(h))
                 netns.add_address(ns, dev, f"{k.addr(h)}/30")
@@ -78,8 +78,8 @@ def up(bed: Testbed) -> Testbed:
 
 
 def status(prefix: str) -> dict[str, Any]:
-    """The recorded testbed with, per host, whether its namespace exists and the addresses and
-    shaped rates found in it."""
+    """The recorded testbed with, per host, whether its namespace exists and the addresses,
+    shaped rates and MTUs found in it."""
     check_prefix(prefix)
     bed = load(prefix)
     if bed is None:
@@ -90,10 +90,12 @@ def status(prefix: str) -> dict[str, Any]:
     for h in bed.hosts:
         ns = netns_name(prefix, h)
         found = netns.addresses(ns) if ns in live else {}
+        mtus = netns.mtus(ns) if ns in live else {}
         addrs = []
         for a in bed.addresses(h):
             a["present"] = a["address"] in found.get(a["ifname"], [])
             a["shaped_bps"] = shaping.shaped_rate(ns, a["ifname"]) if ns in live else None
+            a["mtu_now"] = mtus.get(a["ifname"])
             addrs.append(a)
         hosts.append({"host": h, "netns": ns, "present": ns in live, "addresses": addrs,
                       "forwards": h in bed.forwarders})

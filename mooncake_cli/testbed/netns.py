@@ -70,9 +70,9 @@ def delete_namespace(ns: str) -> None:
     run(["ip", "netns", "delete", ns])
 
 
-def add_veth(ns_a: str, if_a: str, ns_b: str, if_b: str, mtu: int) -> None:
-    run(["ip", "link", "add", if_a, "netns", ns_a, "mtu", str(mtu), "type", "veth",
-         "peer", "name", if_b, "netns", ns_b, "mtu", str(mtu)])
+def add_veth(ns_a: str, if_a: str, mtu_a: int, ns_b: str, if_b: str, mtu_b: int) -> None:
+    run(["ip", "link", "add", if_a, "netns", ns_a, "mtu", str(mtu_a), "type", "veth",
+         "peer", "name", if_b, "netns", ns_b, "mtu", str(mtu_b)])
 
 
 def add_address(ns: str, dev: str, cidr: str) -> None:
@@ -82,6 +82,12 @@ def add_address(ns: str, dev: str, cidr: str) -> None:
 
 def add_route(ns: str, dest: str, via: str, dev: str) -> None:
     run(["ip", "-n", ns, "route", "add", f"{dest}/32", "via", via, "dev", dev])
+
+
+def mtus(ns: str) -> dict[str, int]:
+    """Interface -> MTU inside `ns`."""
+    raw = json.loads(run(["ip", "-n", ns, "-j", "link", "show"]) or "[]")
+    return {str(i["ifname"]): int(i["mtu"]) for i in raw if "mtu" in i}
 
 
 def addresses(ns: str) -> dict[str, list[str]]:

@@ -65,10 +65,11 @@ class Testbed:
                               f"{', '.join(self.hosts)})")
 
     def addresses(self, host: str) -> list[dict[str, Any]]:
-        """`host`'s address on each of its links, with the peer and the rate."""
+        """`host`'s address on each of its links, with the peer, the rate and its end's MTU."""
         return [{"link": k.index, "peer": k.peer(host), "address": k.addr(host),
                  "ifname": ifname(self.prefix, k.peer(host)), "rate": rate_text(k.rate_bps),
-                 "rate_bps": k.rate_bps} for k in self.links if host in (k.a, k.b)]
+                 "rate_bps": k.rate_bps, "mtu": k.mtu(host)}
+                for k in self.links if host in (k.a, k.b)]
 
     def address(self, host: str) -> str:
         """`host`'s first address (the one on its first link)."""

@@ -1,7 +1,8 @@
 """A testbed's shape: host names, links with a rate, one /30 per link, and each host's routes.
 
 Hosts are `a, b, c, ...` (`--hosts 4`) or given names (`--hosts gpu1,gpu2`). Links are
-`x-y=RATE` pairs; with none given every pair is linked at DEFAULT_RATE (a full mesh). Link `i`
+`x-y=RATE` pairs, each optionally with `/mtu=N` (both ends) or `/mtu=N:M` (x's end, y's end);
+with none given every pair is linked at DEFAULT_RATE (a full mesh) and MTU 1500. Link `i`
 (in the order given) is 10.77.i.0/30: its first host gets .1, its second .2. A host reaches
 each address of another host over their direct link when there is one, else along the path of
 fewest hops (ties: the widest slowest link, then names), through hosts that forward.
@@ -18,6 +19,8 @@ from mooncake_cli.interfaces import ConfigError
 DEFAULT_HOSTS = 3
 DEFAULT_RATE = "10gbit"
 SUBNET = "10.77"  # private: link i is 10.77.i.0/30
+MTU = 1500
+MIN_MTU, MAX_MTU = 576, 65535  # IPv4's smallest datagram every host takes; a veth's largest
 MAX_LINKS = 256
 _NAME = re.compile(r"^[a-z][a-z0-9]*$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps)?$", re.IGNORECASE)
@@ -26,12 +29,19 @@ _SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 @dataclass(frozen=True)
 class Link:
-    """One veth pair between hosts `a` and `b` shaped to `rate_bps` each way."""
+    """One veth pair between hosts `a` and `b` shaped to `rate_bps` each way; `mtu_a` is the
+    MTU of a's end, `mtu_b` of b's."""
 
     index: int
     a: str
     b: str
     rate_bps: int
+    mtu_a: int = MTU
+    mtu_b: int = MTU
+
+    def mtu(self, host: str) -> int:
+        """The MTU of `host`'s end."""
+        return self.mtu_a if host == self.a else self.mtu_b
 
     def addr(self, host: str) -> str:
         """`host`'s address on this link (no prefix length)."""
@@ -69,6 +79,19 @@ def rate_text(bps: int) -> str:
     return f"{bps}bit"
 
 
+def parse_mtu(text: str, item: str) -> tuple[int, int]:
+    """(x's, y's) MTU of `N` or `N:M`."""
+    parts = text.split(":")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"bad MTU in link '{item}': write /mtu=N or /mtu=N:M (x's end, "
+                          "y's end)")
+    mtus = [int(p) for p in parts]
+    for m in mtus:
+        if not MIN_MTU <= m <= MAX_MTU:
+            raise ConfigError(f"MTU {m} in link '{item}' is outside {MIN_MTU}-{MAX_MTU}")
+    return mtus[0], mtus[-1]
+
+
 def parse_hosts(text: str, name_limit: int) -> list[str]:
     """`4` -> a, b, c, d; `x,y,z` -> those names (lower case, a letter first, <= name_limit)."""
     text = text.strip()
@@ -88,20 +111,29 @@ def parse_hosts(text: str, name_limit: int) -> list[str]:
 
 
 def parse_links(text: str | None, hosts: list[str]) -> list[Link]:
-    """Links of `a-b=1gbit,a-c=10gbit` (RATE optional: DEFAULT_RATE), or the full mesh."""
+    """Links of `a-b=1gbit,a-c=10gbit/mtu=1500:1400` (RATE optional: DEFAULT_RATE; MTU
+    optional: 1500 at both ends), or the full mesh."""
+    pairs: list[tuple[str, str, str, tuple[int, int]]] = []
     if not text or not text.strip():
-        pairs = [(x, y, DEFAULT_RATE) for i, x in enumerate(hosts) for y in hosts[i + 1:]]
-    else:
-        pairs = []
-        for item in (p.strip() for p in text.split(",") if p.strip()):
-            ends, _, rate = item.partition("=")
-            x, sep, y = ends.strip().partition("-")
-            if not sep or not x or not y:
-                raise ConfigError(f"bad link '{item}': write HOST-HOST=RATE, e.g. a-b=1gbit")
-            pairs.append((x.strip(), y.strip(), rate.strip() or DEFAULT_RATE))
+        pairs = [(x, y, DEFAULT_RATE, (MTU, MTU)) for i, x in enumerate(hosts)
+                 for y in hosts[i + 1:]]
+    for item in (p.strip() for p in (text or "").split(",") if p.strip()):
+        head, slash, opt = item.partition("/")
+        ends, _, rate = head.partition("=")
+        x, sep, y = ends.strip().partition("-")
+        if not sep or not x or not y:
+            raise ConfigError(f"bad link '{item}': write HOST-HOST=RATE, e.g. a-b=1gbit")
+        mtus = (MTU, MTU)
+        if slash:
+            opt_name, eq, value = opt.partition("=")
+            if opt_name.strip() != "mtu" or not eq:
+                raise ConfigError(f"bad link '{item}': after the rate only /mtu=N or "
+                                  "/mtu=N:M")
+            mtus = parse_mtu(value.strip(), item)
+        pairs.append((x.strip(), y.strip(), rate.strip() or DEFAULT_RATE, mtus))
     links: list[Link] = []
     seen: set[frozenset[str]] = set()
-    for x, y, rate in pairs:
+    for x, y, rate, (mtu_x, mtu_y) in pairs:
         for h in (x, y):
             if h not in hosts:
                 raise ConfigError(f"link {x}-{y}: no host '{h}' (hosts: {', '.join(hosts)})")
@@ -110,7 +142,7 @@ def parse_links(text: str | None, hosts: list[str]) -> list[Link]:
             raise ConfigError(f"link {x}-{y}: " + ("a host cannot link to itself" if x == y
                                                    else "given twice"))
         seen.add(key)
-        links.append(Link(len(links), x, y, parse_rate(rate)))
+        links.append(Link(len(links), x, y, parse_rate(rate), mtu_x, mtu_y))
     if len(links) > MAX_LINKS:
         raise ConfigError(f"{len(links)} links: at most {MAX_LINKS}")
     return links
