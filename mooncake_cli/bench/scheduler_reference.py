@@ -21,7 +21,8 @@ def _best(cands: list[Candidate]) -> Candidate:
 
 def chosen(sched: Scheduler, req: Request, now: float) -> Candidate:
     """The prefill choice: the lowest (TTFT, name) over every live holder of a prefix,
-    scored each, plus the least queued live instance holding none; for kvcache-pipeline,
+    scored each, plus the least queued live instance holding none and each one with a
+    bandwidth measured from the prefix's holder (Cluster.links); for kvcache-pipeline,
     a pipeline over idle instances when it beats that by the policy's margin."""
     policy, cluster = sched.policy, sched.cluster
     prefix = cluster.index.prefix_lengths(req.block_keys)

@@ -10,6 +10,10 @@ cluster: they are walked in queue order (`Cluster.queues`). Among idle instances
 of a length is exact and the lowest name wins, so one per length is scored and the walk leaves
 the idle ones once no unseen length could win; among busy ones it stops where the queue plus
 the cheapest remaining cost exceeds the best estimate found.
+
+An instance with a bandwidth measured from the prefix's source (`Cluster.links`) fetches at
+its own cost: those few are scored one by one and left out of the walks, whose bounds hold
+for the cost model's bandwidth.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ def best_candidate(cluster: Cluster, req: Request, now: float,
     match = cluster.index.prefix_match(req.block_keys, SMALL)
     longest = match.longest()
     fetch = threshold if longest else None  # nothing held: nothing to fetch
+    src = match.source() if fetch is not None and cluster.links else None
+    linked = cluster.links.from_source(src)  # destination -> measured bandwidth
     plans: dict[int, Work] = {}
     costs: dict[int, float] = {}  # depth -> transfer + prefill: an idle instance's estimate
 
@@ -71,11 +77,18 @@ def best_candidate(cluster: Cluster, req: Request, now: float,
         return plan(d).transfer_s + plan(d).prefill_s if c is None else c
 
     top: Candidate | None = None
-    deep = []  # (a bound on its estimate, depth, instance), lowest bound first
     by_name = cluster.by_name
-    for name, d in match.deep.items():
+    for name, bw in linked.items():
         inst = by_name.get(name)
         if inst is not None and inst.alive and inst.role == "prefill":
+            d = match.depth(name)
+            c = work(cluster, req, d, longest, fetch, bw).on(inst, now, src)
+            if _better(c, top):
+                top = c
+    deep = []  # (a bound on its estimate, depth, instance), lowest bound first
+    for name, d in match.deep.items():
+        inst = by_name.get(name)
+        if inst is not None and inst.alive and inst.role == "prefill" and name not in linked:
             b = inst.busy_until
             deep.append(((b - now if b > now else 0.0) + cost(d), d, inst))
     deep.sort(key=lambda x: x[0])
@@ -89,6 +102,8 @@ def best_candidate(cluster: Cluster, req: Request, now: float,
     wide = match.wide_depths()  # 0: holding nothing
     seen: set[int] = set()  # depths settled: scored when idle, or hopeless
     idle = cluster.queues.idle(now)
+    if linked:
+        idle = [name for name in idle if name not in linked]
     for d in sorted(wide, key=cost):
         if top is not None and cost(d) > top.ttft_s:  # idle: the estimate is the cost
             seen.update(x for x in wide if cost(x) > top.ttft_s)  # hopeless when busy too
@@ -103,7 +118,7 @@ def best_candidate(cluster: Cluster, req: Request, now: float,
     for inst in cluster.queues.busy(now):
         if low is None or _beyond(inst.queue_time(now) + low, top):
             break
-        if inst.name in match.deep:
+        if inst.name in match.deep or inst.name in linked:
             continue
         d = match.depth(inst.name)
         if d == 0:
@@ -115,6 +130,6 @@ def best_candidate(cluster: Cluster, req: Request, now: float,
         if _better(c, top):
             top = c
     assert top is not None  # some prefill instance is live
-    if top.fetch_blocks:
+    if top.fetch_blocks and top.fetch_from is None:
         top = dataclasses.replace(top, fetch_from=match.source())
     return top

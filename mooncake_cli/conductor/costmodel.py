@@ -75,9 +75,10 @@ class CostModel(Protocol):
         ...
 
 
-def transfer_time(model: CostModel, tokens: int) -> float:
-    """Seconds to move the KV of `tokens` tokens between two instances."""
-    return tokens * model.kv_bytes_per_token / model.bandwidth if tokens > 0 else 0.0
+def transfer_time(model: CostModel, tokens: int, bandwidth: float | None = None) -> float:
+    """Seconds to move the KV of `tokens` tokens between two instances, over a link of
+    `bandwidth` bytes/s (None: the model's)."""
+    return tokens * model.kv_bytes_per_token / (bandwidth or model.bandwidth) if tokens > 0 else 0.0
 
 
 @dataclass(frozen=True)

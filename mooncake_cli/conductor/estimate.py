@@ -10,6 +10,23 @@ from mooncake_cli.conductor.state import Cluster, InstanceState, Request
 
 
 @dataclass(frozen=True)
+class Weighed:
+    """Fetching a longer prefix against recomputing it, as `work` weighed them: transfer +
+    prefill of the rest (`fetch_s`) and prefill of the rest from the local prefix
+    (`recompute_s`), over a link of `bandwidth` bytes/s, measured or the cost model's."""
+
+    fetch_s: float
+    recompute_s: float
+    bandwidth: float
+    measured: bool
+
+    def to_dict(self, fetched: bool) -> dict[str, Any]:
+        return {"fetch_s": round(self.fetch_s, 6), "recompute_s": round(self.recompute_s, 6),
+                "bandwidth": round(self.bandwidth, 1), "measured": self.measured,
+                "choice": "fetch" if fetched else "recompute"}
+
+
+@dataclass(frozen=True)
 class Candidate:
     """One prefill instance as a policy saw it: TTFT = queue + transfer + prefill."""
 
@@ -23,6 +40,7 @@ class Candidate:
     ttft_s: float
     stages: tuple[str, ...] = ()  # other instances running pipeline stages of this prefill
     chunk_tokens: int = 0  # tokens per chunk handed between the stages (with stages)
+    weighed: Weighed | None = None  # when fetching a longer prefix was weighed
 
     @property
     def prefix_blocks(self) -> int:
@@ -33,6 +51,9 @@ class Candidate:
         d = asdict(self)
         for k in ("queue_s", "transfer_s", "prefill_s", "ttft_s"):
             d[k] = round(d[k], 6)
+        del d["weighed"]
+        if self.weighed is not None:
+            d["fetch_or_recompute"] = self.weighed.to_dict(self.fetch_blocks > 0)
         return d
 
 
@@ -55,23 +76,25 @@ class Work:
     fetch_blocks: int
     transfer_s: float
     prefill_s: float
+    weighed: Weighed | None = None
 
     def on(self, inst: InstanceState, now: float, source: str | None) -> Candidate:
         """The candidate of `inst` doing this work after its queue (`source` fetched from)."""
         q = inst.queue_time(now)
         if not self.fetch_blocks:
             return Candidate(inst.name, q, self.local_blocks, 0, None, 0.0, self.prefill_s,
-                             q + self.prefill_s)
+                             q + self.prefill_s, weighed=self.weighed)
         return Candidate(inst.name, q, self.local_blocks, self.fetch_blocks, source,
-                         self.transfer_s, self.prefill_s, q + self.transfer_s + self.prefill_s)
+                         self.transfer_s, self.prefill_s, q + self.transfer_s + self.prefill_s,
+                         weighed=self.weighed)
 
 
 def work(cluster: Cluster, req: Request, local_blocks: int, remote_blocks: int = 0,
-         threshold: float | None = None) -> Work:
+         threshold: float | None = None, bandwidth: float | None = None) -> Work:
     """Reuse the `local_blocks` held, or -- with a `threshold` -- fetch the longer prefix
     of `remote_blocks` when it beats the local one by more than `threshold` (remote / local
-    blocks, Algorithm 1's kvcache_balancing_threshold) and fetching it is faster than
-    recomputing it."""
+    blocks, Algorithm 1's kvcache_balancing_threshold) and fetching it over a link of
+    `bandwidth` bytes/s (measured; None: the cost model's) is faster than recomputing it."""
     n = req.input_tokens
     pre = cluster.model.prefill_time(n, cluster.cached_tokens(n, local_blocks))
     if (threshold is None or remote_blocks <= local_blocks
@@ -79,11 +102,13 @@ def work(cluster: Cluster, req: Request, local_blocks: int, remote_blocks: int =
         return Work(local_blocks, 0, 0.0, pre)
     have = cluster.cached_tokens(n, local_blocks)
     get = cluster.cached_tokens(n, remote_blocks)
-    xfer = transfer_time(cluster.model, get - have)
+    xfer = transfer_time(cluster.model, get - have, bandwidth)
     fetched = cluster.model.prefill_time(n, get)
+    weighed = Weighed(xfer + fetched, pre, bandwidth or cluster.model.bandwidth,
+                      bandwidth is not None)
     if xfer + fetched >= pre:
-        return Work(local_blocks, 0, 0.0, pre)
-    return Work(local_blocks, remote_blocks, xfer, fetched)
+        return Work(local_blocks, 0, 0.0, pre, weighed)
+    return Work(local_blocks, remote_blocks, xfer, fetched, weighed)
 
 
 def local(cluster: Cluster, inst: InstanceState, req: Request, now: float,
@@ -95,10 +120,12 @@ def local(cluster: Cluster, inst: InstanceState, req: Request, now: float,
 def with_fetch(cluster: Cluster, inst: InstanceState, req: Request, now: float,
                local_blocks: int, remote_blocks: int, source: str | None,
                threshold: float) -> Candidate:
-    """Run on `inst`, fetching the longer prefix from `source` as `work` decides."""
+    """Run on `inst`, fetching the longer prefix from `source` as `work` decides (over the
+    bandwidth measured from `source` to `inst` when there is one)."""
     if source is None or source == inst.name:
         return local(cluster, inst, req, now, local_blocks)
-    return work(cluster, req, local_blocks, remote_blocks, threshold).on(inst, now, source)
+    bw = cluster.links.get(source, inst.name)
+    return work(cluster, req, local_blocks, remote_blocks, threshold, bw).on(inst, now, source)
 
 
 def least_queued(insts: list[InstanceState], now: float,

@@ -144,8 +144,9 @@ class KVCacheCentricPolicy:
 
     def candidates(self, req: Request, cluster: Cluster, now: float, explain: bool,
                    prefix: dict[str, int] | None = None) -> list[Candidate]:
-        """Each instance's best estimate (only those holding a prefix, plus the least queued
-        other one, unless `explain`); `prefix` is the index's prefix_lengths when known."""
+        """Each instance's best estimate (unless `explain`, only those holding a prefix, the
+        least queued other one, and those with a bandwidth measured from the holder of the
+        longest prefix); `prefix` is the index's prefix_lengths when known."""
         insts = _live(cluster)
         if prefix is None:
             prefix = cluster.index.prefix_lengths(req.block_keys)
@@ -162,6 +163,11 @@ class KVCacheCentricPolicy:
         other = least_queued(insts, now, prefix)
         if other is not None:
             cands.append(with_fetch(cluster, other, req, now, 0, best, src, t))
+        for name in cluster.links.from_source(src):  # fetching at their own bandwidth
+            inst = cluster.by_name.get(name)
+            if inst is not None and inst.alive and inst.role == "prefill" \
+                    and name not in prefix and inst is not other:
+                cands.append(with_fetch(cluster, inst, req, now, 0, best, src, t))
         return cands
 
     def place(self, req: Request, cluster: Cluster, now: float,

@@ -8,6 +8,7 @@ from typing import Any
 
 from mooncake_cli.conductor.costmodel import CostModel
 from mooncake_cli.conductor.index import CacheIndex
+from mooncake_cli.conductor.links import Links
 from mooncake_cli.conductor.orders import DecodeOrder, QueueOrder
 
 ROLES = ("prefill", "decode")
@@ -81,7 +82,8 @@ class InstanceState:
 @dataclass
 class Cluster:
     """The instances, the global cache index and the cost model they share; `queues` and
-    `decoders` keep the live instances in the orders the scheduler searches."""
+    `decoders` keep the live instances in the orders the scheduler searches; `links` holds the
+    bandwidth measured between instances (the cost model's for a pair never measured)."""
 
     model: CostModel
     index: CacheIndex = field(default_factory=CacheIndex)
@@ -90,6 +92,7 @@ class Cluster:
     by_name: dict[str, InstanceState] = field(default_factory=dict)
     queues: QueueOrder = field(default_factory=QueueOrder, repr=False, compare=False)
     decoders: DecodeOrder = field(default_factory=DecodeOrder, repr=False, compare=False)
+    links: Links = field(default_factory=Links, repr=False, compare=False)
 
     def add(self, name: str, role: str, cache_blocks: int | None = None,
             kv_capacity_tokens: int | None = None) -> InstanceState:
@@ -117,6 +120,7 @@ class Cluster:
             object.__setattr__(inst, "_changed", None)
             (self.queues if inst.role == "prefill" else self.decoders).remove(name)
         self.index.drop(name)
+        self.links.forget(name)
 
     def live_prefill(self) -> list[InstanceState]:
         return [i for i in self.prefill if i.alive]
