@@ -7,12 +7,19 @@ import random
 
 import pytest
 
+from mooncake_cli.api.roles import PrefillAnswer
+from mooncake_cli.api.schema import validate
 from mooncake_cli.conductor import candidates
 from mooncake_cli.conductor.costmodel import AnalyticCostModel
 from mooncake_cli.conductor.estimate import work
+from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.links import Links
+from mooncake_cli.conductor.live import Conductor
+from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.scheduler import Scheduler, make_policy
+from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Cluster, Request
+from mooncake_cli.kvkeys import KVNamespace
 from tests.test_scheduler_scale import cluster, replay
 
 GBIT = 1e9 / 8  # bytes/s
@@ -110,3 +117,33 @@ def test_measured_links_decide_as_the_reference(monkeypatch: pytest.MonkeyPatch,
     sched = Scheduler(c, make_policy(policy))
     fetched, _ = replay(sched, prompts, rng, 200, churn=True)
     assert fetched > 0
+
+
+def test_a_prefill_answer_measures_the_link_it_fetched_over() -> None:
+    """What the worker's engine read (`fetched`, per segment) counts for the pair the
+    conductor chose: the holder and the instance that fetched."""
+    c, req = small_cluster()
+    c.by_name["holder"].busy_until = 100.0
+    ns = KVNamespace("tiny", "float32", 512, 2, 2, 8)
+    conductor = Conductor(ServedModel("tiny", None, ns, 1 << 16),
+                          Scheduler(c, make_policy("kvcache-centric")),
+                          Instances(c, 30.0, 512), ConductorMetrics())
+    try:
+        decision = conductor.scheduler.schedule(req, 0.0)
+        assert decision.placement.chosen.fetch_from == "holder"
+        answer = {"request_id": "r", "first_token": 1, "prompt_tokens": req.input_tokens,
+                  "cached_tokens": 8 * 512, "fetched": [
+                      {"segment": "seg-a", "bytes": 3_000_000, "seconds": 0.2},
+                      {"segment": "seg-b", "bytes": 1_000_000, "seconds": 0.2}]}
+        conductor.bookings.learn(decision.prefill, [str(k) for k in req.block_keys],
+                                 validate(PrefillAnswer, answer), decision)
+        assert c.links.get("holder", decision.prefill) == 10_000_000.0
+        local = c.links.to_dict()
+        c.by_name["holder"].busy_until = 0.0  # now it runs there: nothing fetched
+        decision = conductor.scheduler.schedule(req, 0.0)
+        assert decision.prefill == "holder" and decision.placement.chosen.fetch_from is None
+        conductor.bookings.learn("holder", [str(k) for k in req.block_keys],
+                                 validate(PrefillAnswer, answer), decision)
+        assert c.links.to_dict() == local
+    finally:
+        conductor.close()

@@ -104,6 +104,15 @@ class PipelineReport(Answer):
     bytes_sent: int = 0
 
 
+class FetchedFrom(Answer):
+    """KV bytes a prefill read from another segment while loading its prefix, and the
+    seconds its transfer engine took for them (the engine's link statistics)."""
+
+    segment: str
+    bytes: Count
+    seconds: Annotated[float, Field(ge=0)]
+
+
 class PrefillAnswer(Answer):
     request_id: str
     first_token: Count
@@ -115,6 +124,7 @@ class PrefillAnswer(Answer):
     timing: PrefillTiming = PrefillTiming()
     token_ids: list[int] | None = None  # when the request gave a prompt string
     pipeline: PipelineReport | None = None  # when the request asked for a pipeline
+    fetched: list[FetchedFrom] = []  # per segment read from over the network
 
 
 class ReserveRequest(Message):

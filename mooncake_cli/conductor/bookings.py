@@ -134,6 +134,12 @@ class Bookings:
         if fetched:
             self.metrics.add("blocks_fetched_total", fetched)
             self.metrics.moved("fetch", fetched * block_bytes)
+        source = decision.placement.chosen.fetch_from
+        if source and answer.fetched:  # the link's measured speed (conductor/links.py)
+            with self.instances.lock:
+                self.scheduler.cluster.links.observe(
+                    source, pname, sum(f.bytes for f in answer.fetched),
+                    sum(f.seconds for f in answer.fetched))
         if decision.decode is not None:  # the prompt's KV goes from prefill to decode
             self.metrics.moved("stream", -(-prompt // max(1, self.instances.block_size))
                                * block_bytes)

@@ -61,7 +61,7 @@ def best_candidate(cluster: Cluster, req: Request, now: float,
     longest = match.longest()
     fetch = threshold if longest else None  # nothing held: nothing to fetch
     src = match.source() if fetch is not None and cluster.links else None
-    linked = cluster.links.from_source(src)  # destination -> measured bandwidth
+    linked = cluster.links.from_source(src) if src is not None else {}  # dest -> bytes/s
     plans: dict[int, Work] = {}
     costs: dict[int, float] = {}  # depth -> transfer + prefill: an idle instance's estimate
 

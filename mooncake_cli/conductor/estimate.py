@@ -83,10 +83,10 @@ class Work:
         q = inst.queue_time(now)
         if not self.fetch_blocks:
             return Candidate(inst.name, q, self.local_blocks, 0, None, 0.0, self.prefill_s,
-                             q + self.prefill_s, weighed=self.weighed)
+                             q + self.prefill_s, (), 0, self.weighed)
         return Candidate(inst.name, q, self.local_blocks, self.fetch_blocks, source,
                          self.transfer_s, self.prefill_s, q + self.transfer_s + self.prefill_s,
-                         weighed=self.weighed)
+                         (), 0, self.weighed)
 
 
 def work(cluster: Cluster, req: Request, local_blocks: int, remote_blocks: int = 0,

@@ -71,3 +71,10 @@ class LinkStats:
             if d.bytes > 0:
                 out[key] = d
         return out
+
+
+def reads_since(before: Mapping[tuple[str, str], Traffic],
+                after: Mapping[tuple[str, str], Traffic]) -> dict[str, Traffic]:
+    """Per peer, what was read from it between two snapshots (peers read nothing from left
+    out)."""
+    return {peer: t for (peer, op), t in LinkStats.since(before, after).items() if op == "read"}

@@ -21,6 +21,7 @@ from mooncake_cli.api.errors import ErrorCode, ServingError, bad
 from mooncake_cli.engine import ModelError, Sequence
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.kvkeys import block_keys
+from mooncake_cli.transfer.linkstats import reads_since
 from mooncake_cli.worker.http import prefill_routes
 from mooncake_cli.worker.kvstream import KVStream
 from mooncake_cli.worker.pipelined import Pipelines
@@ -142,9 +143,13 @@ class PrefillWorker(WorkerRuntime):
                                   auth=self.auth)
                 timing["transfer"] += time.perf_counter() - t
             keys = block_keys(tokens, self.ns)
-            t = time.perf_counter()
+            links = self.engine.links if self.engine is not None else None
+            t, before = time.perf_counter(), links.snapshot() if links else {}
             loaded = self.prefix.load(keys, len(tokens), seq.block_table, job.reuse) \
                 if self.prefix and job.reuse != "none" else 0
+            fetched = [roles.FetchedFrom(segment=peer, bytes=m.bytes, seconds=round(m.seconds, 6))
+                       for peer, m in reads_since(before, links.snapshot()).items()] \
+                if links else []  # what the engine read from other segments: the links' speed
             seq.num_computed = loaded * bs
             timing["load"] = time.perf_counter() - t
             first, sent, piped = self._prefill(job, stream, timing)
@@ -176,7 +181,7 @@ class PrefillWorker(WorkerRuntime):
             cached_tokens=loaded * bs, stored_keys=stored, replicated_keys=replicated,
             finish_reason=seq.finish_reason,
             timing=roles.PrefillTiming(**{k: round(v, 6) for k, v in timing.items()}),
-            pipeline=piped)
+            pipeline=piped, fetched=fetched)
 
     def _prefill(self, job: PrefillJob, stream: KVStream | None, timing: dict[str, float]
                  ) -> tuple[int, int, roles.PipelineReport | None]:
