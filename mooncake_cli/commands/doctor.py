@@ -16,6 +16,9 @@ from mooncake_cli.store.config import StoreConfig
 
 GROUP = typer.Option(None, "--group",
                      help=f"Only this check group (repeatable): {', '.join(GROUP_NAMES)}.")
+RELAY = typer.Option(None, "--relay", metavar="HOST:PORT",
+                     help="A host's relay (`transfer serve --relay-port`); with two or more, "
+                          "the link matrix between them and MTU mismatches (repeatable).")
 COLOR = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.SKIPPED: "dim"}
 
 
@@ -38,6 +41,7 @@ def doctor(
                                help="Store master to check [default: [store] master when set]."),
     peer: str = typer.Option(None, "--peer", metavar="HOST:PORT",
                              help="A `mooncake transfer serve` target to probe and measure."),
+    relay: list[str] = RELAY,
     peer_mtu: int = typer.Option(0, "--peer-mtu", metavar="BYTES",
                                  help="The peer's RDMA active MTU, compared with ours."),
     device: str = typer.Option(None, "--device", metavar="NAME",
@@ -58,8 +62,8 @@ def doctor(
     loopback: bool = typer.Option(True, "--loopback/--no-loopback",
                                   help="Run the live loopback transfer."),
 ) -> None:
-    """Check install, environment, metadata, master, RDMA, NIXL/UCX, memory and network; say
-    how to fix what is wrong. Exits 1 when a check fails."""
+    """Check install, environment, metadata, master, RDMA, NIXL/UCX, memory, network and the
+    links between hosts; say how to fix what is wrong. Exits 1 when a check fails."""
     from mooncake_cli.doctor.runner import run
 
     out: Out = ctx.obj
@@ -71,7 +75,8 @@ def doctor(
     scfg = load(StoreConfig, "store", out.config_file, secret=secret,
                 segment_size=parse_size(segment_size) if segment_size else None)
     cfg = DoctorConfig(metadata=tcfg.metadata, master=_master(out, master), peer=peer or "",
-                       peer_mtu=peer_mtu, device=device or "", root=sysfs_root,
+                       relays=tuple(relay or ()), peer_mtu=peer_mtu, device=device or "",
+                       root=sysfs_root,
                        segment_size=scfg.segment_size, host=tcfg.host, port=tcfg.port,
                        secret=tcfg.secret or scfg.secret, timeout=timeout, loopback=loopback)
     if out.json:

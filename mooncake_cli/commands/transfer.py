@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -15,6 +16,8 @@ from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.metadata_http import MetadataServer
+from mooncake_cli.transfer.relay_agent import RelayAgent
+from mooncake_cli.transfer.relay_client import Relays
 
 app = typer.Typer(no_args_is_help=True, help="Run transfer targets and move bytes between them.")
 
@@ -31,6 +34,10 @@ def serve(
                                  "pages instead of shared memory: same-host peers copy into it by "
                                  "the kernel (shm's cross-memory copies, or nixl's cma), 2-3x "
                                  "faster than into 4 KiB pages."),
+    relay_port: int = typer.Option(None, "--relay-port", metavar="PORT", help="Also serve a "
+                                   "relay on this port (0: any) of --host: other hosts stage "
+                                   "transfers to a third host in its buffer (64 MiB) when "
+                                   "that path is faster [default: no relay]."),
 ) -> None:
     """Register a zeroed buffer as a segment and serve it until Ctrl-C."""
     out: Out = ctx.obj
@@ -41,9 +48,12 @@ def serve(
     size = parse_size(buffer_size)
     with c.stop_signals() as stop, TransferEngine(cfg, Registry.from_env()) as engine:
         region = engine.allocate(size, shared=not private)
+        agent = None if relay_port is None else RelayAgent(engine, cfg.host, relay_port,
+                                                           cfg.secret or None)
         info = {"event": "ready", "segment": engine.name, "address": engine.address,
                 "metadata": cfg.metadata, "offset": region.base, "size": size,
-                "auth": bool(cfg.secret), "transports": sorted(engine.endpoints.by_name)}
+                "auth": bool(cfg.secret), "transports": sorted(engine.endpoints.by_name),
+                "relay": agent.address if agent else None}
         # peers need --metadata too unless it is the p2p default, or the hints fail as shown
         reach = escape(f"--target {engine.name}" + (
             "" if cfg.metadata.strip().lower() in ("p2p", "p2phandshake", "")
@@ -55,8 +65,13 @@ def serve(
                         f"{', '.join(sorted(engine.endpoints.by_name))})\n"
                         f"  write: mooncake transfer write {reach} FILE\n"
                         f"  bench: mooncake bench transfer --mode initiator {reach}\n"
-                        "Ctrl-C to stop.")
-        c.wait_for_signal(stop)
+                        + (f"  relay: --relay {agent.address}\n" if agent else "")
+                        + "Ctrl-C to stop.")
+        try:
+            c.wait_for_signal(stop)
+        finally:
+            if agent is not None:
+                agent.close()
     out.event({"event": "stopped", "segment": engine.name}, "stopped; segment withdrawn")
 
 
@@ -91,6 +106,36 @@ def _client(out: Out, metadata: str | None, transport: str | None, secret: str |
     return TransferEngine(cfg, Registry.from_env())
 
 
+RELAY = typer.Option(None, "--relay", metavar="HOST:PORT", help="A relay (`transfer serve "
+                     "--relay-port`) the transfer may go through; repeatable.")
+VIA = typer.Option("auto", "--via", metavar="auto|direct|HOST:PORT", help="auto: through the "
+                   "relay whose measured links beat the direct one, else direct; direct; or "
+                   "through this relay.")
+
+
+def _move(engine: TransferEngine, op: Op, region: Any, target: str, offset: int, n: int,
+          relays: list[str], via: str) -> dict[str, Any]:
+    """Move the bytes by the path `via` names; the plan (empty when no relay was given)."""
+    if not relays and via == "auto":
+        engine.transfer(op, region, 0, target, offset, n)
+        return {}
+    if via not in ("auto", "direct") and via not in relays:
+        relays = [*relays, via]
+    router = Relays(engine, relays, engine.config.secret or None, engine.config.timeout * 2)
+    try:
+        plan, _seconds = (router.write(region, 0, target, offset, n, via) if op is Op.WRITE
+                         else router.read(region, 0, target, offset, n, via))
+    finally:
+        router.close()
+    return {"path": plan.to_dict(), "relay": plan.via}
+
+
+def _path(plan: dict[str, Any]) -> str:
+    if not plan:
+        return ""
+    return f" through {plan['relay']}" if plan["relay"] else " direct"
+
+
 @app.command()
 def write(
     ctx: typer.Context,
@@ -99,20 +144,21 @@ def write(
     offset: int = typer.Option(0, "--offset", help="Offset in the target segment."),
     metadata: str = c.METADATA, transport: str = c.TRANSPORT, secret: str = c.SECRET,
     connections: int = c.CONNECTIONS, timeout: float = c.TIMEOUT,
+    relay: list[str] = RELAY, via: str = VIA,
 ) -> None:
-    """Write a file's bytes into a peer segment."""
+    """Write a file's bytes into a peer segment (through a relay when that is faster)."""
     out: Out = ctx.obj
     data = c.read_input(file)
     with _client(out, metadata, transport, secret, connections, timeout) as engine:
         region = engine.register(bytearray(data))
         t0 = time.perf_counter()
-        engine.transfer(Op.WRITE, region, 0, target, offset, len(data))
+        plan = _move(engine, Op.WRITE, region, target, offset, len(data), relay or [], via)
         dt = time.perf_counter() - t0
-        via = engine.transport_for(target)
+        transport_used = engine.transport_for(target)
     out.event({"event": "written", "target": target, "offset": offset, "bytes": len(data),
-               "seconds": dt, "transport": via},
-              f"wrote {len(data)} bytes to {escape(target)} at offset {offset} over {via} "
-              f"in {dt * 1e3:.2f} ms")
+               "seconds": dt, "transport": transport_used, **plan},
+              f"wrote {len(data)} bytes to {escape(target)} at offset {offset} over "
+              f"{transport_used}{_path(plan)} in {dt * 1e3:.2f} ms")
 
 
 @app.command()
@@ -124,8 +170,9 @@ def read(
     output: str = typer.Option(..., "-o", "--output", help="File to write, or - for stdout."),
     metadata: str = c.METADATA, transport: str = c.TRANSPORT, secret: str = c.SECRET,
     connections: int = c.CONNECTIONS, timeout: float = c.TIMEOUT,
+    relay: list[str] = RELAY, via: str = VIA,
 ) -> None:
-    """Read bytes from a peer segment into a file."""
+    """Read bytes from a peer segment into a file (through a relay when that is faster)."""
     out: Out = ctx.obj
     n = parse_size(length)
     c.check_output(out, output)
@@ -133,12 +180,12 @@ def read(
         buf = bytearray(n)
         region = engine.register(buf)
         t0 = time.perf_counter()
-        engine.transfer(Op.READ, region, 0, target, offset, n)
+        plan = _move(engine, Op.READ, region, target, offset, n, relay or [], via)
         dt = time.perf_counter() - t0
-        via = engine.transport_for(target)
+        transport_used = engine.transport_for(target)
     if c.write_output(output, buf):
         return
     out.event({"event": "read", "target": target, "offset": offset, "bytes": n, "seconds": dt,
-               "transport": via, "output": output},
-              f"read {n} bytes from {escape(target)} at offset {offset} over {via} "
-              f"into {escape(output)} in {dt * 1e3:.2f} ms")
+               "transport": transport_used, "output": output, **plan},
+              f"read {n} bytes from {escape(target)} at offset {offset} over "
+              f"{transport_used}{_path(plan)} into {escape(output)} in {dt * 1e3:.2f} ms")

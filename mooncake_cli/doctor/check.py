@@ -13,7 +13,7 @@ from mooncake_cli.interfaces import ConfigError, MooncakeError
 from mooncake_cli.transfer.metadata import split_hostport
 
 GROUP_NAMES = ("install", "environment", "metadata", "master", "rdma", "nixl", "memory",
-               "network")
+               "network", "topology")
 
 
 class Status(str, Enum):
@@ -51,6 +51,7 @@ class DoctorConfig:
     master: str = ""  # HOST:PORT or HA etcd://... of the store master; empty: not checked
     peer: str = ""  # HOST:PORT of a `mooncake transfer serve` target; empty skips the probe
     peer_mtu: int = 0  # the peer's RDMA active MTU, compared with ours (0: unknown)
+    relays: tuple[str, ...] = ()  # HOST:PORT of hosts' relays: the link matrix between them
     device: str = ""  # only this RDMA device
     root: str = "/"  # where /sys, /proc and /dev are read (a captured tree in tests)
     segment_size: int = 64 << 20  # bytes the node plans to register
@@ -66,6 +67,8 @@ class DoctorConfig:
             split_hostport(self.master, "--master")
         if self.peer:
             split_hostport(self.peer, "--peer")
+        for relay in self.relays:
+            split_hostport(relay, "--relay")
         if self.peer_mtu and self.peer_mtu not in (256, 512, 1024, 2048, 4096):
             raise ConfigError(f"--peer-mtu {self.peer_mtu} is not an IB MTU: use 256, 512, "
                               "1024, 2048 or 4096")
@@ -83,10 +86,11 @@ class DoctorConfig:
         return os.path.join(self.root, rel)
 
     def cluster_hosts(self) -> list[str]:
-        """Hosts the node talks to: metadata endpoints, master, peer."""
+        """Hosts the node talks to: metadata endpoints, master, peer, relays."""
         ha = self.master.startswith("etcd://")
         hosts = metadata_hosts("etcd://" + self.master.split("/", 3)[2]) if ha else []
-        hosts += [split_hostport(a, "address")[0] for a in (self.master, self.peer)
+        hosts += [split_hostport(a, "address")[0] for a in (self.master, self.peer,
+                                                            *self.relays)
                   if a and not a.startswith("etcd://")]
         return metadata_hosts(self.metadata) + hosts
 

@@ -16,6 +16,7 @@ from mooncake_cli.doctor import (
     network,
     nixl,
     rdma,
+    topology,
 )
 from mooncake_cli.doctor.check import GROUP_NAMES, Check, DoctorConfig, Status
 
@@ -30,6 +31,7 @@ GROUPS: Mapping[str, Callable[[DoctorConfig], list[Check]]] = MappingProxyType({
     "nixl": nixl.checks,
     "memory": memory.checks,
     "network": network.checks,
+    "topology": topology.checks,
 })
 if tuple(GROUPS) != GROUP_NAMES:  # the CLI validates --group against GROUP_NAMES
     raise ImportError("doctor GROUPS and GROUP_NAMES disagree")

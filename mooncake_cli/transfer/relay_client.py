@@ -86,11 +86,10 @@ class Relays:
                          "length": min(length, chunk)})
         return Link(float(got["bandwidth"]), float(got["latency"]))
 
-    def plan(self, op: Op, target: str, offset: int, length: int) -> tuple[Plan, str | None]:
-        """The path for this transfer, and the address of the relay it names (if any)."""
+    def plan(self, op: Op, target: str, offset: int, length: int) -> Plan:
+        """The path for this transfer (`via`: a relay's address, or None: direct)."""
         direct = self.link(target, offset, length, op)
-        hops: dict[str, tuple[Link, Link]] = {}
-        where: dict[str, str] = {}
+        hops: dict[str, tuple[Link, Link]] = {}  # by relay address
         chunk = 4 << 20
         for address in self.addresses:
             try:
@@ -99,13 +98,11 @@ class Relays:
                 if seg in (target, self.engine.name):
                     continue
                 first = self.link(seg, int(lease["offsets"][0]), chunk, op)
-                hops[seg] = (first, self._hop(conn, target, offset, length, op, chunk))
-                where[seg] = address
+                hops[address] = (first, self._hop(conn, target, offset, length, op, chunk))
             except TransferError as e:  # a relay that cannot help leaves the direct path
                 log.warning("relay %s left out: %s", address, e)
                 self._drop(address)
-        plan = choose(length, direct, hops, chunk)
-        return plan, where.get(plan.via) if plan.via else None
+        return choose(length, direct, hops, chunk)
 
     # -- moving -------------------------------------------------------------------------------
     def write(self, region: Region, local: int, target: str, offset: int, length: int,
@@ -121,11 +118,12 @@ class Relays:
     def _move(self, op: Op, region: Region, local: int, target: str, offset: int, length: int,
               via: str, cap: bytes | None) -> tuple[Plan, float]:
         if via == "auto":
-            plan, address = self.plan(op, target, offset, length)
+            plan = self.plan(op, target, offset, length)
         elif via == "direct":
-            plan, address = Plan(None, 0.0, {}, "direct, as asked"), None
+            plan = Plan(None, 0.0, {}, "direct, as asked")
         else:
-            plan, address = Plan(via, 0.0, {}, "through the relay asked for"), via
+            plan = Plan(via, 0.0, {}, "through the relay asked for")
+        address = plan.via
         start = time.perf_counter()
         if address is None:
             status = self.engine.submit([TransferRequest(op, region, local, target, offset,
