@@ -107,3 +107,18 @@ def test_the_relay_keeps_the_engines_rules(hosts: Any) -> None:
     while agent.info([])["free"] != agent.slots:
         assert time.monotonic() < deadline, "the lease outlived its connection"
         time.sleep(0.01)
+
+
+def test_a_small_transfer_goes_direct_without_measuring(hosts: Any) -> None:
+    a, _b, c, agent = hosts
+    data = os.urandom(MiB)
+    src = a.register(bytearray(data))
+    dst = c.register(bytearray(MiB))
+    relays = Relays(a, [agent.address], SECRET)
+    try:
+        plan, _ = relays.write(src, 0, c.name, dst.base, MiB)
+        assert plan.via is None and "below" in plan.why
+        assert relays._conns == {} and agent.measured == {}  # nothing probed, no lease
+    finally:
+        relays.close()
+    assert bytes(dst.view) == data

@@ -21,7 +21,7 @@ from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.relay_agent import probe
-from mooncake_cli.transfer.relay_plan import Link, Plan, choose
+from mooncake_cli.transfer.relay_plan import MIN_RELAY, Link, Plan, choose
 from mooncake_cli.transfer.relay_wire import RelayConnection
 from mooncake_cli.transfer.segment import Region
 
@@ -87,7 +87,10 @@ class Relays:
         return Link(float(got["bandwidth"]), float(got["latency"]))
 
     def plan(self, op: Op, target: str, offset: int, length: int) -> Plan:
-        """The path for this transfer (`via`: a relay's address, or None: direct)."""
+        """The path for this transfer (`via`: a relay's address, or None: direct); one
+        under MIN_RELAY bytes goes direct without measuring anything."""
+        if length < MIN_RELAY:
+            return Plan(None, 0.0, {}, f"{length} bytes: below {MIN_RELAY}, direct")
         direct = self.link(target, offset, length, op)
         hops: dict[str, tuple[Link, Link]] = {}  # by relay address
         chunk = 4 << 20
@@ -179,3 +182,6 @@ class Relays:
     def close(self) -> None:
         for address in list(self._conns):
             self._drop(address)
+        if self._scratch is not None:
+            self.engine.unregister(self._scratch)
+            self._scratch = None
