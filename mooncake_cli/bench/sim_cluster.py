@@ -16,6 +16,7 @@ from mooncake_cli.bench.sim_events import EventLoop, SimRecord
 from mooncake_cli.bench.trace_file import TraceRequest
 from mooncake_cli.conductor.costmodel import CostModel, transfer_time
 from mooncake_cli.conductor.estimate import Candidate
+from mooncake_cli.conductor.links import Links
 from mooncake_cli.conductor.scheduler import Decision, Scheduler, make_policy
 from mooncake_cli.conductor.state import Cluster, InstanceState, Request
 
@@ -29,9 +30,10 @@ class PrefillInstance:
 
     def __init__(self, state: InstanceState, cluster: Cluster, loop: EventLoop,
                  on_done: Callable[[SimRecord], None],
-                 peers: dict[str, PrefillInstance]) -> None:
+                 peers: dict[str, PrefillInstance], links: Links | None = None) -> None:
+        """`links`: each pair's true bandwidth, which fetches take (None: the model's)."""
         self.state, self.cluster, self.loop, self.on_done = state, cluster, loop, on_done
-        self.peers = peers
+        self.peers, self.links = peers, links
         self.queue: deque[tuple[SimRecord | None, Candidate]] = deque()
         self.waiting_est = 0.0
         self.running = False
@@ -60,7 +62,8 @@ class PrefillInstance:
                 index.touch(cand.fetch_from, keys[:remote])
                 got = self.cluster.cached_tokens(rec.req.input_tokens, remote)
                 rec.fetched_tokens = got - self.cluster.cached_tokens(rec.req.input_tokens, local)
-                xfer, blocks = transfer_time(model, rec.fetched_tokens), remote
+                bw = self.links.get(cand.fetch_from, name) if self.links else None
+                xfer, blocks = transfer_time(model, rec.fetched_tokens, bw), remote
         rec.hit_tokens = self.cluster.cached_tokens(rec.req.input_tokens, blocks)
         rec.instance = name
         if cand.stages:  # the lead of a pipeline: start the stages on the same clock
@@ -129,12 +132,17 @@ class Replay:
 
 def disaggregated(reqs: list[TraceRequest], policy: str, model: CostModel, cfg: SimConfig,
                   progress: Progress | None = None,
-                  explain: Explain | None = None, options: Mapping[str, Any] | None = None
+                  explain: Explain | None = None, options: Mapping[str, Any] | None = None,
+                  links: Links | None = None, aware: bool = False
                   ) -> tuple[list[SimRecord], list[float]]:
     """Prefill instances under `policy` (built with its own `options`, as the live conductor's
-    `ConductorConfig.policy_options()`), decode instances picked by the scheduler."""
+    `ConductorConfig.policy_options()`), decode instances picked by the scheduler. Fetches
+    take each pair's bandwidth in `links` (default: the model's); with `aware` the scheduler
+    knows them, as measured, else it assumes the model's."""
     loop = EventLoop()
     cluster = Cluster(model)
+    if aware and links is not None:
+        cluster.links = links
     sched = Scheduler(cluster, make_policy(policy, cfg.seed, options), cfg.slo())
     decoders: dict[str, BatchInstance] = {}
     for j in range(cfg.decode):
@@ -150,7 +158,8 @@ def disaggregated(reqs: list[TraceRequest], policy: str, model: CostModel, cfg: 
     prefills: dict[str, PrefillInstance] = {}
     for j in range(cfg.prefill):
         state = cluster.add(f"p{j:04d}", "prefill", cfg.cache_blocks(model))
-        prefills[state.name] = PrefillInstance(state, cluster, loop, first_token, prefills)
+        prefills[state.name] = PrefillInstance(state, cluster, loop, first_token, prefills,
+                                               links)
 
     def dispatch(rec: SimRecord, decision: Decision) -> None:
         if decision.decode is not None:
