@@ -2,11 +2,11 @@
 (`--relay HOST:PORT`, each a `mooncake transfer serve --relay-port`), and MTU mismatches
 between them.
 
-Each relay reads PROBE_BYTES from every other host's relay buffer with its own engine (the
-link's bandwidth, so measured in the direction other -> it) after three small reads (the
-least is the latency). Each also says the MTU of its route to every other host: two hosts
-whose routes to each other differ in MTU are flagged (TCP agrees on the smaller segment, but
-datagrams and RDMA over the larger one are dropped).
+Each relay reads PROBE_BYTES twice from every other host's relay buffer with its own engine
+(the faster read gives the link's bandwidth, so measured in the direction other -> it) after
+three small reads (the least is the latency). Each also says the MTU of its route to every
+other host: two hosts whose routes to each other differ in MTU are flagged (TCP agrees on the
+smaller segment, but datagrams and RDMA over the larger one are dropped).
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def matrix_check(hosts: list[dict[str, Any]]) -> Check:
         return Check(G, "link matrix", Status.SKIPPED, "fewer than two relays answered",
                      data=data)
     return Check(G, "link matrix", Status.OK, f"{len(rows)} link(s) measured between "
-                 f"{len(hosts)} hosts (bandwidth of a {human_size(PROBE_BYTES)} read, latency "
-                 "of the fastest 4 KiB read):\n" + "\n".join(rows), data=data)
+                 f"{len(hosts)} hosts (bandwidth: the faster of two {human_size(PROBE_BYTES)} "
+                 "reads; latency: the fastest 4 KiB read):\n" + "\n".join(rows), data=data)
 
 
 def mtu_checks(hosts: list[dict[str, Any]]) -> list[Check]:
