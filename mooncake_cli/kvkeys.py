@@ -11,14 +11,20 @@ so two prompts share key i exactly when they share their first (i+1) blocks. The
     kv/<model>/<dtype>/<layers>x<kv_heads>x<block_size>x<head_dim>/<h_i as 32 hex digits>
 
 which names what a reader needs to check that an object fits its cache: the model, the KV dtype
-and the geometry. Python's `hash()` is never used: keys are equal across processes and hosts.
+and the geometry. A cluster that moves KV as int8 (`--kv-wire int8`) names its blocks with the
+dtype `int8` (see `wire_namespace`): other keys, since the tag starts the hash chain, so an int8
+object is never read as a float one, nor the other way round. Python's `hash()` is never used:
+keys are equal across processes and hosts.
 
 Object layout. One store object holds all layers' K and V of one block, C-contiguous, in the
 KV dtype (native byte order of the writer; every supported host is little-endian):
 
     [layers, 2 (0 = K, 1 = V), kv_heads, block_size, head_dim]
 
-K is stored after RoPE, as the attention reads it. The paged KV pool of the engine is laid out
+K is stored after RoPE, as the attention reads it. An `int8` object holds that block quantized
+per (layer, K/V, head), as laid out in mooncake_cli/engine/kv_int8.py: the uint8 values in
+this shape, then float32 scales and zero points [layers, 2, kv_heads]; any reader dtype
+dequantizes it. The paged KV pool of the engine is laid out
 as [num_blocks, *this], so one pool block *is* one object: a store get writes straight into it.
 """
 
@@ -28,14 +34,15 @@ import array
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
 KEY_PREFIX = "kv"
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
+WIRES = ("native", "int8")
 _MODEL_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _U32 = np.dtype("<u4")
 
@@ -78,7 +85,17 @@ class KVNamespace:
         n = _DTYPE_BYTES[self.dtype]
         for d in self.block_shape:
             n *= d
+        if self.dtype == "int8":  # a float32 scale and zero point per (layer, K/V, head)
+            n += self.layers * 2 * self.kv_heads * 8
         return n
+
+
+def wire_namespace(ns: KVNamespace, wire: str) -> KVNamespace:
+    """The namespace of the objects a cluster moves and stores: `ns` itself for native, or
+    its int8 counterpart (dtype `int8`, same model and geometry)."""
+    if wire not in WIRES:
+        raise ValueError(f"KV wire {wire!r}: use native or int8")
+    return ns if wire == "native" else replace(ns, dtype="int8")
 
 
 def model_id_from(name: str) -> str:

@@ -140,6 +140,7 @@ class ReserveAnswer(Answer):
     block_bytes: Annotated[int, Field(ge=1)]
     base: Count = 0
     capability: Annotated[str, Field(max_length=128)] = ""  # hex write capability ("": none)
+    kv_wire: Literal["native", "int8"] = "native"  # the form the blocks must be written in
 
 
 class ReleaseRequest(Message):

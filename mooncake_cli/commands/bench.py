@@ -192,3 +192,7 @@ app.command("conductor-cpu")(bench_roles.conductor_cpu)
 from mooncake_cli.commands import bench_testbed  # noqa: E402
 
 app.add_typer(bench_testbed.app, name="testbed")
+
+from mooncake_cli.commands import bench_kv_wire  # noqa: E402
+
+app.command("kv-wire")(bench_kv_wire.kv_wire)

@@ -65,6 +65,8 @@ def start(
                                     "vllm (vLLM's async engine in this process: needs the "
                                     "mooncake-vllm plugin and vLLM; on a CPU a --block-size "
                                     "that is a multiple of 32) [default: native]."),
+    kv_wire: str = typer.Option(None, "--kv-wire", metavar="native|int8",
+                                help="With --local: the workers' --kv-wire [default: native]."),
     secret: str = typer.Option(None, "--secret", envvar="MOONCAKE_SECRET", show_envvar=True,
                                help="Cluster secret the workers' and the conductor's internal "
                                     "endpoints require (signed requests); required beyond "
@@ -96,6 +98,8 @@ def start(
     if engine not in (None, "native") and cfg.policy == PIPELINE:
         raise ConfigError(f"--policy {PIPELINE} runs pipeline stages on our engine's prefill "
                           f"workers only; with --engine {engine} use kvcache-centric")
+    if kv_wire is not None and not local:
+        raise ConfigError("--kv-wire sets the --local workers' wire; give it to each worker")
     if engine is not None and not local:
         raise ConfigError("--engine chooses the engine of the --local workers; workers started "
                           "on their own take it themselves (mooncake prefill --engine vllm)")
@@ -106,7 +110,7 @@ def start(
 
             p, d = parse_local(local)
             worker = load(WorkerConfig, "prefill", config or out.config_file,
-                          kv_blocks=kv_blocks, engine=engine)
+                          kv_blocks=kv_blocks, engine=engine, kv_wire=kv_wire)
             svc = LocalCluster(cfg, p, d, worker, tcfg,
                                progress=lambda text: out.event({"event": "started",
                                                                 "what": text}, text))

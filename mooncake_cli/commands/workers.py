@@ -27,6 +27,7 @@ ENGINE = _opt("--engine", "engine", "native|vllm")
 DEVICE = _opt("--device", "device")
 DTYPE = _opt("--dtype", "dtype")
 THREADS = _opt("--threads", "threads", "N")
+KV_WIRE = _opt("--kv-wire", "kv_wire", "native|int8")
 STORE = _opt("--store", "store", "MASTER|none")
 SEGMENT = _opt("--segment-size", "segment_size")
 LISTEN = _opt("--listen", "listen", "HOST:PORT")
@@ -85,7 +86,7 @@ def _serve(out: Out, role: str, secret: str | None, secret_file: str | None,
 
 
 def prefill(ctx: typer.Context, model: str = MODEL, engine: str = ENGINE, device: str = DEVICE,
-            dtype: str = DTYPE,
+            dtype: str = DTYPE, kv_wire: str = KV_WIRE,
             threads: int = THREADS,
             store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
             advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
@@ -96,7 +97,7 @@ def prefill(ctx: typer.Context, model: str = MODEL, engine: str = ENGINE, device
     """Serve prefill: reuse stored prefix blocks, compute the rest in chunks, store new blocks
     and stream the KV to a decode worker (POST /v1/prefill)."""
     _serve(ctx.obj, "prefill", secret, secret_file, model=model, engine=engine, device=device,
-           dtype=dtype,
+           dtype=dtype, kv_wire=kv_wire,
            threads=threads,
            store=store,
            segment_size=segment_size, listen=listen, advertise=advertise,
@@ -106,7 +107,7 @@ def prefill(ctx: typer.Context, model: str = MODEL, engine: str = ENGINE, device
 
 
 def decode(ctx: typer.Context, model: str = MODEL, engine: str = ENGINE, device: str = DEVICE,
-           dtype: str = DTYPE,
+           dtype: str = DTYPE, kv_wire: str = KV_WIRE,
            threads: int = THREADS,
            store: str = STORE, segment_size: str = SEGMENT, listen: str = LISTEN,
            advertise: str = ADVERTISE, block_size: int = BLOCK, kv_blocks: int = BLOCKS,
@@ -118,7 +119,7 @@ def decode(ctx: typer.Context, model: str = MODEL, engine: str = ENGINE, device:
     streamed as server-sent events (POST /v1/kv/reserve, /v1/generate, /v1/kv/release).
     With --store it contributes --segment-size of DRAM to the store's pool."""
     _serve(ctx.obj, "decode", secret, secret_file, model=model, engine=engine, device=device,
-           dtype=dtype,
+           dtype=dtype, kv_wire=kv_wire,
            threads=threads,
            store=store,
            segment_size=segment_size, listen=listen, advertise=advertise,

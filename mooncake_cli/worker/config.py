@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from mooncake_cli.config import described, size_field
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.kvkeys import WIRES
 
 ROLES = ("prefill", "decode")
 
@@ -34,6 +35,11 @@ class WorkerConfig:
                                    "demo with random weights (demo, demo-25m)")
     device: str = described("cpu", "cpu, cuda or cuda:N")
     dtype: str = described("float32", "float32, bfloat16 or float16")
+    kv_wire: str = described("native", "the form KV blocks take in transfers and in the "
+                                       "store: native (the KV dtype) or int8 (per block, "
+                                       "layer, K/V and head a scale and zero point; about "
+                                       "half of bfloat16's bytes, lossy); one setting per "
+                                       "cluster: other settings name other store keys")
     threads: int = described(0, "torch threads for the model (0: torch's default, one per "
                                 "core); on a host shared by several workers give each its "
                                 "share of the cores")
@@ -76,6 +82,10 @@ class WorkerConfig:
             raise ConfigError(f"block_size {self.block_size} is too large (at most 4096 tokens)")
         if self.heartbeat <= 0 or self.drain_timeout < 0:
             raise ConfigError("heartbeat must be > 0 and drain_timeout >= 0 seconds")
+        if self.kv_wire not in WIRES:
+            raise ConfigError(f"kv_wire {self.kv_wire!r}: use native or int8")
+        if self.kv_wire != "native" and self.engine != "native":
+            raise ConfigError(f"--kv-wire {self.kv_wire} needs our engine (--engine native)")
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0, got {self.threads}")
         if self.segment_size < 0:

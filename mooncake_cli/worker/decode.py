@@ -43,8 +43,8 @@ class DecodeWorker(WorkerRuntime):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        prefix = PrefixStore(self.store, self.cache) if self.store is not None else None
-        self.behind = WriteBehind(prefix, self.cache, self.ns, self.metrics) \
+        prefix = PrefixStore(self.store, self.cache, self.wire) if self.store else None
+        self.behind = WriteBehind(prefix, self.cache, self.wire.ns, self.metrics) \
             if prefix is not None and self.cfg.write_behind else None
         self._cv = threading.Condition()
         self._order = itertools.count()
@@ -54,7 +54,7 @@ class DecodeWorker(WorkerRuntime):
         self._running: list[DecodeRequest] = []  # in admission order
         self._preempted: deque[DecodeRequest] = deque()
         self._stop = threading.Event()
-        self.memory = KVMemory(self.cache, Parking(prefix, self.runner, self.ns), self.metrics,
+        self.memory = KVMemory(self.cache, Parking(prefix, self.runner, self.wire.ns), self.metrics,
                                self._cv, self._running, self._preempted, self._end,
                                self._stop.is_set)
         self._thread = threading.Thread(target=self._loop, name="mooncake-decode", daemon=True)
@@ -110,7 +110,7 @@ class DecodeWorker(WorkerRuntime):
         assert self.engine is not None
         return roles.ReserveAnswer(segment=self.engine.name, engine=self.engine.address,
                                    block_ids=blocks, block_bytes=self.ns.block_bytes,
-                                   base=self.pool_region.base)
+                                   base=self.pool_region.base, kv_wire=self.wire.name)
 
     def release(self, req: roles.ReleaseRequest) -> roles.ReleaseAnswer:
         rid = req.request_id
@@ -159,7 +159,8 @@ class DecodeWorker(WorkerRuntime):
                 raise bad(str(e), "token_ids") from None
             seq.prompt_ids = tokens[:prompt]
             self._check_fits(len(tokens), max(0, params.max_tokens - (len(tokens) - prompt)))
-            self.metrics.add("kv_bytes_loaded", len(res.blocks) * self.ns.block_bytes)
+            self.metrics.add("kv_bytes_loaded", len(res.blocks) * self.wire.object_bytes)
+            self.wire.landed(res.blocks)  # int8: the prefill wrote objects, not blocks
             seq.block_table = res.blocks
             seq.num_computed = len(tokens)
             req = DecodeRequest(rid, seq, next(self._order))

@@ -15,6 +15,7 @@ from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferReques
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
 from mooncake_cli.worker.kvgrant import GrantedReserve
+from mooncake_cli.worker.kvwire import KVWire
 
 log = logging.getLogger("mooncake.worker")
 
@@ -22,13 +23,16 @@ log = logging.getLogger("mooncake.worker")
 class KVStream:
     """Reserve blocks for `num_tokens` on the decode worker at `decode_url`, then `send` local
     pool blocks (by their index in the request's block table) into the reserved ones. With
-    `num_blocks`, a reservation of any other number of blocks is refused (and released)."""
+    `num_blocks`, a reservation of any other number of blocks is refused (and released).
+    With an int8 `wire`, each block goes as its int8 object, into the reserved block's first
+    bytes (the decode worker must be on the same wire)."""
 
     def __init__(self, engine: TransferEngine, region: Region, decode_url: str,
                  request_id: str, num_tokens: int, block_bytes: int, max_tokens: int,
                  timeout: float = 30.0, num_blocks: int | None = None,
-                 auth: Signer | None = None) -> None:
+                 auth: Signer | None = None, wire: KVWire | None = None) -> None:
         self.engine = engine
+        self.wire = wire if wire is not None and wire.int8 else None
         self.auth = auth  # signs the reserve and release requests with the cluster secret
         self.region = region
         self.url = decode_url.rstrip("/")
@@ -70,6 +74,11 @@ class KVStream:
             raise ServingError(ErrorCode.BLOCK_MISMATCH, f"decode worker {self.url} caches "
                                f"{got.block_bytes}-byte blocks, this prefill {block_bytes}: "
                                "not the same model, dtype or block size")
+        mine = self.wire.name if self.wire is not None else "native"
+        if got.kv_wire != mine:
+            self.release()
+            raise ServingError(ErrorCode.BLOCK_MISMATCH, f"decode worker {self.url} takes "
+                               f"KV as {got.kv_wire}, this prefill sends {mine} (--kv-wire)")
         if num_blocks is not None and len(self.block_ids) != num_blocks:
             self.release()
             raise self._refused(f"reserved {len(self.block_ids)} KV blocks for a prompt "
@@ -80,13 +89,18 @@ class KVStream:
 
     def send(self, pairs: Iterable[tuple[int, int]]) -> None:
         """WRITE each (index in the block table, local pool block) to the reserved block."""
-        bb = self.block_bytes
-        reqs = [TransferRequest(Op.WRITE, self.region, local * bb, self.segment,
-                                self.base + self.block_ids[i] * bb, bb, self.capability)
+        bb, pairs = self.block_bytes, list(pairs)
+        region, size = self.region, bb
+        if self.wire is not None:  # the int8 objects of the blocks, from the staging area
+            self.wire.stage([local for _, local in pairs])
+            assert self.wire.region is not None
+            region, size = self.wire.region, self.wire.object_bytes
+        reqs = [TransferRequest(Op.WRITE, region, local * size, self.segment,
+                                self.base + self.block_ids[i] * bb, size, self.capability)
                 for i, local in pairs]
         if reqs:
             self._batches.append(self.engine.submit(reqs))
-            self.bytes_sent += bb * len(reqs)
+            self.bytes_sent += size * len(reqs)
 
     def _settle(self) -> list[Status]:
         """Wait (up to `timeout` in all) for every submitted WRITE; the statuses of those not

@@ -54,7 +54,9 @@ class PrefillWorker(WorkerRuntime):
         assert self.engine is not None
         self.pipelines.attach(self.model, self.cache, self.engine, self.pool_region,
                               self.auth, self.url)
-        self.prefix = PrefixStore(self.store, self.cache) if self.store is not None else None
+        self.wire.register(self.engine)  # int8: the staging area streams are sent from
+        self.prefix = PrefixStore(self.store, self.cache, self.wire) \
+            if self.store is not None else None
         self._evictions_seen = 0
         self._queue: queue.Queue[PrefillJob | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -140,9 +142,9 @@ class PrefillWorker(WorkerRuntime):
                                   job.request_id, len(tokens), self.ns.block_bytes,
                                   seq.params.max_tokens,
                                   num_blocks=self.cache.blocks_for(len(tokens)),
-                                  auth=self.auth)
+                                  auth=self.auth, wire=self.wire)
                 timing["transfer"] += time.perf_counter() - t
-            keys = block_keys(tokens, self.ns)
+            keys = block_keys(tokens, self.wire.ns)
             links = self.engine.links if self.engine is not None else None
             t, before = time.perf_counter(), links.snapshot() if links else {}
             loaded = self.prefix.load(keys, len(tokens), seq.block_table, job.reuse) \
@@ -241,8 +243,8 @@ class PrefillWorker(WorkerRuntime):
         m.add("prompt_tokens", prompt)
         m.add("prefix_hit_tokens", hit)
         m.add("computed_tokens", prompt - hit)
-        m.add("kv_bytes_loaded", hit // self.cache.block_size * self.ns.block_bytes)
-        m.add("kv_bytes_stored", stored_blocks * self.ns.block_bytes)
+        m.add("kv_bytes_loaded", hit // self.cache.block_size * self.wire.object_bytes)
+        m.add("kv_bytes_stored", stored_blocks * self.wire.object_bytes)
         m.add("generated_tokens", 1)
         if self.prefix is not None and self.prefix.evictions > self._evictions_seen:
             m.add("prefix_evictions", self.prefix.evictions - self._evictions_seen)

@@ -1,6 +1,8 @@
 """Prefix reuse through the store: find the leading run of a prompt's blocks already stored,
 load them straight into the paged cache, put newly computed blocks back, and give blocks
-fetched from other segments a replica in this worker's own (hot blocks gain replicas)."""
+fetched from other segments a replica in this worker's own (hot blocks gain replicas). Objects
+take the form of the worker's KV wire (worker/kvwire.py): int8 ones are quantized on put and
+dequantized on load."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from mooncake_cli.kvkeys import fits, reusable_blocks
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectAlreadyExists, StoreError
 from mooncake_cli.store.records import ReplicateConfig
+from mooncake_cli.worker.kvwire import KVWire
 
 log = logging.getLogger("mooncake.worker")
 
@@ -22,9 +25,10 @@ log = logging.getLogger("mooncake.worker")
 class PrefixStore:
     """Block-level store I/O for one KV cache."""
 
-    def __init__(self, store: StoreClient, cache: KVCache) -> None:
+    def __init__(self, store: StoreClient, cache: KVCache, wire: KVWire | None = None) -> None:
         self.store = store
         self.cache = cache
+        self.wire = wire or KVWire("native", cache)
         self.evictions = 0  # blocks found gone (evicted, unreadable) between lookup and read
         own = store.segment is not None
         self.put_config = ReplicateConfig(preferred_segment=store.engine.name if own else "")
@@ -32,8 +36,16 @@ class PrefixStore:
         # a device cache is staged through one host block (the store reads and writes host memory)
         self._staging = None if on_host else torch.empty(cache.pool.shape[1:],
                                                          dtype=cache.pool.dtype)
+        self._loaded: dict[str, torch.Tensor] = {}  # int8 objects of the last load, by key
 
     def _read(self, key: str, block: int) -> int:
+        if self.wire.int8:
+            obj = torch.empty(self.wire.object_bytes, dtype=torch.uint8)
+            got = self.store.get_into(key, obj)
+            if got == self.wire.object_bytes:
+                self.wire.decode_into(obj, self.cache.block(block))
+                self._loaded[key] = obj
+            return got
         if self._staging is None:
             return self.store.get_into(key, self.cache.block(block))
         got = self.store.get_into(key, self._staging)
@@ -83,9 +95,10 @@ class PrefixStore:
         if want == 0:
             return 0
         self.cache.ensure(table, want * self.cache.block_size)
-        size = self.cache.ns.block_bytes
+        size = self.wire.object_bytes
+        self._loaded.clear()
         for i in range(want):
-            if not fits(keys[i], self.cache.ns):
+            if not fits(keys[i], self.wire.ns):
                 return i
             try:
                 got = self._read(keys[i], table[i])
@@ -111,7 +124,8 @@ class PrefixStore:
         if not keys:
             return []
         try:
-            errors = self.store.batch_put(list(keys), list(data), config or self.put_config)
+            errors = self.store.batch_put(list(keys), self.wire.encode(data),
+                                          config or self.put_config)
         except MooncakeError as e:  # a StoreError, or the transfer engine's own
             log.warning("storing %d KV blocks failed: %s", len(keys), e)
             return []
@@ -123,6 +137,13 @@ class PrefixStore:
                 log.info("not storing %s: %s", key, err)
         return stored
 
+    def _objects(self, keys: Sequence[str], blocks: Sequence[int]) -> list[torch.Tensor]:
+        """The store objects of loaded blocks: int8 ones as they were read."""
+        if not self.wire.int8:
+            return [self._host(b) for b in blocks]
+        return [self._loaded[k] if k in self._loaded else self.wire.encode([self._host(b)])[0]
+                for k, b in zip(keys, blocks, strict=True)]
+
     def replicate(self, keys: Sequence[str], blocks: Sequence[int]) -> list[str]:
         """Add a replica in this worker's own segment of each loaded block (the cache blocks
         hold the object's bytes); the keys that gained one. A block held here already is
@@ -130,7 +151,7 @@ class PrefixStore:
         if not keys or self.store.segment is None:
             return []
         try:
-            errors = self.store.batch_add_replica(list(keys), [self._host(b) for b in blocks])
+            errors = self.store.batch_add_replica(list(keys), self._objects(keys, blocks))
         except MooncakeError as e:
             log.warning("replicating %d fetched KV blocks failed: %s", len(keys), e)
             return []

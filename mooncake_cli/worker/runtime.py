@@ -22,6 +22,7 @@ from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.hostinfo import hostname
 from mooncake_cli.worker.config import WorkerConfig, split_listen
 from mooncake_cli.worker.http import AUDITED
+from mooncake_cli.worker.kvwire import KVWire
 from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.registration import Registrar, register_with
 
@@ -72,6 +73,7 @@ class WorkerRuntime:
         self.ns = self.model.namespace(cfg.block_size)
         self.cache = KVCache(self.ns, cfg.kv_blocks, self.model.device)
         self.cache.allocator = LockedAllocator(cfg.kv_blocks)
+        self.wire = KVWire(cfg.kv_wire, self.cache)  # the form of blocks moved and stored
         self.runner = ModelRunner(self.model, self.cache, cfg.chunk_size)
         self.metrics = WorkerMetrics(self.role, {
             "running": lambda: float(self.load()["running"]),
@@ -132,7 +134,8 @@ class WorkerRuntime:
         return {"event": "ready", "role": self.role, "name": self.name, "url": self.url,
                 "model": self.ns.model, "description": self.model.description,
                 "block_size": self.cfg.block_size, "kv_blocks": self.cfg.kv_blocks,
-                "kv_bytes_per_block": self.ns.block_bytes, "segment": self.engine.name,
+                "kv_bytes_per_block": self.ns.block_bytes, "kv_wire": self.wire.name,
+                "segment": self.engine.name,
                 "store": self.cfg.store if self.store else None,
                 "conductor": self.cfg.conductor or None}
 
