@@ -3,12 +3,12 @@
     relays = Relays(engine, ["10.77.0.2:7100"], secret)
     plan, seconds = relays.write(region, 0, "10.77.1.2:7000", offset, 64 << 20)   # or read
 
-Each link is known by what this engine moved over it (its link statistics, once at least
-TRAFFIC_MIN bytes went that way) or else by a probe: reads of the target (the bytes the
-transfer will touch, or a relay's buffer). A relay's own link to the target comes from the
-relay (its statistics, or a probe it runs). relay_plan.choose picks the path. Through a relay
-the data is staged chunk by chunk in the slots it leased us and forwarded while the next
-chunk comes, so both hops are busy at once.
+Each link is known by a probe, reads of the target (the bytes the transfer will touch, or a
+relay's buffer), or by what the engine moved over it (its link statistics, once at least
+TRAFFIC_MIN bytes went that way) where that was faster. A relay's own link to the target
+comes from the relay the same way (a probe it runs, its statistics). relay_plan.choose picks
+the path. Through a relay the data is staged chunk by chunk in the slots it leased us and
+forwarded while the next chunk comes, so both hops are busy at once.
 """
 
 from __future__ import annotations
@@ -59,12 +59,11 @@ class Relays:
             conn.close()
 
     def link(self, segment: str, offset: int, length: int, op: Op) -> Link:
-        """This engine's link to `segment`: its traffic that way, else a probe reading up to
-        `length` bytes at `offset` (kept MAX_AGE_S seconds)."""
-        t = self.engine.links.snapshot().get((segment, op.value))
+        """This engine's link to `segment`: a probe reading up to `length` bytes at `offset`
+        (kept MAX_AGE_S seconds), or the engine's traffic that way when that was faster
+        (once TRAFFIC_MIN bytes went over it: its average counts connection set-up and
+        stalls, so alone it understates a link)."""
         when, probed = self._probed.get(segment, (0.0, None))
-        if t is not None and t.bytes >= TRAFFIC_MIN and t.bandwidth:
-            return Link(t.bandwidth, probed.latency if probed else 0.0)
         if probed is None or time.monotonic() - when > MAX_AGE_S:
             n = min(length, 4 << 20)
             if self._scratch is None or self._scratch.length < n:
@@ -72,19 +71,25 @@ class Relays:
             got = probe(self.engine, self._scratch, 0, segment, offset, n, self._timeout)
             probed = Link(got["bandwidth"], got["latency"])
             self._probed[segment] = (time.monotonic(), probed)
+        t = self.engine.links.snapshot().get((segment, op.value))
+        if t is not None and t.bytes >= TRAFFIC_MIN and (t.bandwidth or 0) > probed.bandwidth:
+            return Link(float(t.bandwidth or 0), probed.latency)
         return probed
 
-    def _hop(self, conn: RelayConnection, target: str, offset: int, length: int,
-             op: Op, chunk: int) -> Link:
-        """The relay's link to `target`: its traffic that way, else a probe it runs."""
-        info = conn.call({"op": "info"})
-        seen = info.get("links", {}).get(target, {})
-        t = seen.get(op.value) or {}
-        if t.get("bytes", 0) >= TRAFFIC_MIN and t.get("bandwidth"):
-            return Link(float(t["bandwidth"]), float(seen.get("probe", {}).get("latency", 0.0)))
-        got = conn.call({"op": "probe", "slot": 0, "target": target, "offset": offset,
-                         "length": min(length, chunk)})
-        return Link(float(got["bandwidth"]), float(got["latency"]))
+    def _hop(self, address: str, conn: RelayConnection, target: str, offset: int,
+             length: int, op: Op, chunk: int) -> Link:
+        """The relay's link to `target`: a probe it runs (kept MAX_AGE_S seconds), or its
+        traffic that way when that was faster."""
+        when, probed = self._probed.get(f"{address}>{target}", (0.0, None))
+        if probed is None or time.monotonic() - when > MAX_AGE_S:
+            got = conn.call({"op": "probe", "slot": 0, "target": target, "offset": offset,
+                             "length": min(length, chunk)})
+            probed = Link(float(got["bandwidth"]), float(got["latency"]))
+            self._probed[f"{address}>{target}"] = (time.monotonic(), probed)
+        t = conn.call({"op": "info"}).get("links", {}).get(target, {}).get(op.value) or {}
+        if t.get("bytes", 0) >= TRAFFIC_MIN and (t.get("bandwidth") or 0) > probed.bandwidth:
+            return Link(float(t["bandwidth"]), probed.latency)
+        return probed
 
     def plan(self, op: Op, target: str, offset: int, length: int) -> Plan:
         """The path for this transfer (`via`: a relay's address, or None: direct); one
@@ -101,7 +106,8 @@ class Relays:
                 if seg in (target, self.engine.name):
                     continue
                 first = self.link(seg, int(lease["offsets"][0]), chunk, op)
-                hops[address] = (first, self._hop(conn, target, offset, length, op, chunk))
+                hops[address] = (first, self._hop(address, conn, target, offset, length, op,
+                                                  chunk))
             except TransferError as e:  # a relay that cannot help leaves the direct path
                 log.warning("relay %s left out: %s", address, e)
                 self._drop(address)
