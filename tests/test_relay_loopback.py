@@ -78,6 +78,8 @@ def test_the_relay_keeps_the_engines_rules(hosts: Any) -> None:
             conn.call({"op": "forward", "slot": 0, "length": 1, "target": c.name})
         with pytest.raises(TransferError, match="unknown relay op 'format'"):
             conn.call({"op": "format"})
+        with pytest.raises(TransferError, match="info names at most 256 hosts"):
+            conn.call({"op": "info", "hosts": ["127.0.0.1"] * 257})
         with pytest.raises(TransferError, match="a lease holds 1 to 8 slots, not 99"):
             conn.call({"op": "lease", "slots": 99})
         lease = conn.call({"op": "lease", "slots": 2})

@@ -33,6 +33,7 @@ log = logging.getLogger("mooncake.transfer.relay")
 CHUNK = 4 << 20
 SLOTS = 16
 MAX_LEASE = 8  # slots one connection may hold
+MAX_HOSTS = 256  # route MTUs one info asks for
 IDLE_TIMEOUT = 120.0
 IP_MTU = getattr(socket, "IP_MTU", 14)  # Linux's value; Python names it only on some builds
 PROBE_SMALL = 4096
@@ -101,7 +102,10 @@ class RelayAgent:
         op = msg.get("op")
         try:
             if op == "info":
-                return self.info([str(h) for h in msg.get("hosts", [])])
+                hosts = [str(h) for h in msg.get("hosts", [])]
+                if len(hosts) > MAX_HOSTS:
+                    return {"error": f"info names at most {MAX_HOSTS} hosts"}
+                return self.info(hosts)
             if op == "lease":
                 self._give_back(held[0])
                 held[0] = None
