@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from mooncake_cli import jsonhttp
@@ -25,6 +26,7 @@ from mooncake_cli.conductor.state import Request
 from mooncake_cli.kvkeys import block_keys
 from tests.helpers.indexer_calls import AUTH, SECRET, publisher_factory, settles, streams, vh
 from tests.helpers.kv_publisher import Publisher, removed, stored
+from tests.helpers.prom import value
 
 BS = 16
 T = list(range(1000, 1072))  # 4 whole blocks and a part
@@ -108,6 +110,15 @@ def test_decisions_count_what_the_events_say(conductor, publishers) -> None:
     svc.conductor.bookings.learn("b", list(keys), answer, decision)
     decision, record = decide(svc)
     assert decision.prefill == "a" and record["kv_events"] == {"a": 3, "b": 2}
+
+    # /metrics: each stream's events (b: one stored, one removed; a: one stored) and blocks
+    text = httpx.get(svc.url + "/metrics", timeout=10).text
+    assert [value(text, "mooncake_conductor_kv_events_total", kind="events", stream=st)
+            for st in ("a|default|0", "b|default|0")] == [1, 2]
+    assert value(text, "mooncake_conductor_kv_events_total", kind="removed",
+                 stream="b|default|0") == 2
+    assert value(text, "mooncake_conductor_kv_event_blocks", stream="b|default|0",
+                 medium="gpu") == 2
 
 
 def test_leaving_worker_is_unfollowed_and_bad_sources_refused(conductor, publishers) -> None:

@@ -150,7 +150,7 @@ class ConductorMetrics:
                                  "says are held, by medium.", labels=["stream", "medium"])
         for s in self.kv_streams():
             name = f"{s['instance_id']}|{s['tenant_id']}|{s['dp_rank']}"
-            for kind, v in sorted(s["counts"].items()):
+            for kind, v in sorted({"batches": 0, "events": 0, **s["counts"]}.items()):
                 events.add_metric([name, kind], float(v))
             for medium, n in sorted(s["blocks"].items()):
                 held.add_metric([name, medium], float(n))
