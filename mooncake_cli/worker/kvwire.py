@@ -3,8 +3,9 @@
 native moves the cache's own bytes. int8 (mooncake_cli/engine/kv_int8.py) moves each block
 quantized: store objects are int8 objects under the keys of the int8 namespace
 (`kvkeys.wire_namespace`), and a prefill streams int8 objects into the first bytes of the
-decode worker's reserved blocks, which the decode worker dequantizes in place before the
-request's first step (the WRITEs are done by then: the prefill waits for them before it
+decode worker's reserved blocks (a block loaded from the store goes as the object it was read
+from, not quantized again), which the decode worker dequantizes in place before the request's
+first step (the WRITEs are done by then: the prefill waits for them before it
 answers). Both ends of a stream must use the same wire; the reservation answers the decode
 side's, and the prefill refuses a mismatch.
 """
@@ -38,6 +39,7 @@ class KVWire:
                              f"cache's ({cache.block_bytes}): use --kv-wire native")
         self.staging: torch.Tensor | None = None  # the prefill's int8 objects, by pool block
         self.region: Region | None = None
+        self._read: dict[int, torch.Tensor] = {}  # pool block -> the object it was loaded from
 
     def register(self, engine: TransferEngine) -> None:
         """Register the staging area a prefill streams int8 objects from (one per pool block)."""
@@ -46,11 +48,28 @@ class KVWire:
                                        dtype=torch.uint8, device=self.cache.pool.device)
             self.region = engine.register(self.staging, guarded=True)
 
+    def keep(self, block: int, obj: torch.Tensor) -> None:
+        """Remember that pool `block` was loaded from store object `obj` (a prefill streams
+        that object instead of quantizing the block again) until `forget`."""
+        if self.staging is not None:
+            self._read[block] = obj
+
+    def forget(self) -> None:
+        """Drop what `keep` remembered: the request that loaded those blocks is done."""
+        self._read.clear()
+
     def stage(self, blocks: Sequence[int]) -> None:
-        """Quantize pool `blocks` into their staging slots (int8 only)."""
+        """Put the int8 objects of pool `blocks` into their staging slots (int8 only)."""
         assert self.staging is not None, "register() first"
-        if blocks:
-            idx = torch.tensor(list(blocks), dtype=torch.long, device=self.staging.device)
+        todo = []
+        for b in blocks:
+            obj = self._read.pop(b, None)
+            if obj is None:
+                todo.append(b)
+            else:
+                self.staging[b].copy_(obj)
+        if todo:
+            idx = torch.tensor(todo, dtype=torch.long, device=self.staging.device)
             self.staging[idx] = quantize(self.cache.pool[idx], self.shape)
 
     def encode(self, data: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -175,6 +175,7 @@ class PrefillWorker(WorkerRuntime):
                 stream.release()
             raise
         finally:
+            self.wire.forget()  # the blocks it loaded may hold other KV from now on
             self.runner.release(seq)
         self._count(len(tokens), loaded * bs, len(stored))
         timing["total"] = time.perf_counter() - job.arrived

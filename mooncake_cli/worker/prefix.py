@@ -45,6 +45,7 @@ class PrefixStore:
             if got == self.wire.object_bytes:
                 self.wire.decode_into(obj, self.cache.block(block))
                 self._loaded[key] = obj
+                self.wire.keep(block, obj)
             return got
         if self._staging is None:
             return self.store.get_into(key, self.cache.block(block))
