@@ -49,10 +49,10 @@ class EventSockets:
             folder = Path(tempfile.mkdtemp(prefix="mooncake-vllm-events-"))
             pub, replay = f"ipc://{folder}/pub", f"ipc://{folder}/replay"
             return cls(pub, replay, pub, replay, folder)
-        pub, replay = _free_port(), _free_port()
+        port, replay_port = _free_port(), _free_port()
         host = f"[{reach}]" if ":" in reach else reach
-        return cls(f"tcp://*:{pub}", f"tcp://*:{replay}", f"tcp://{host}:{pub}",
-                   f"tcp://{host}:{replay}")
+        return cls(f"tcp://*:{port}", f"tcp://*:{replay_port}", f"tcp://{host}:{port}",
+                   f"tcp://{host}:{replay_port}")
 
     def config(self) -> dict[str, Any]:
         """vLLM's KVEventsConfig."""
