@@ -24,7 +24,7 @@ from mooncake_cli.kvkeys import block_keys
 from tests.conftest import wait_for
 from tests.helpers.indexer_calls import AUTH, SECRET, publisher_factory, vh
 from tests.helpers.kv_publisher import Publisher, removed, stored
-from tests.helpers.store_procs import HERE, Proc
+from tests.helpers.store_procs import HERE, Proc, proc_list
 
 BS = 16
 T = list(range(1000, 1100))  # 6 whole blocks and a part
@@ -32,10 +32,7 @@ T = list(range(1000, 1100))  # 6 whole blocks and a part
 
 @pytest.fixture
 def procs() -> Iterator[list[Proc]]:
-    made: list[Proc] = []
-    yield made
-    for p in reversed(made):
-        p.kill()
+    yield from proc_list()
 
 
 @pytest.fixture

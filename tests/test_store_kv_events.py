@@ -27,7 +27,7 @@ from tests.helpers.indexer_calls import (
     spec_hashes,
     streams,
 )
-from tests.helpers.store_procs import HERE, Proc
+from tests.helpers.store_procs import HERE, Proc, proc_list
 
 NS: dict[str, Any] = {"model": "m", "dtype": "float16", "block_size": 16, "layers": 1,
                       "kv_heads": 1, "head_dim": 8}
@@ -94,10 +94,7 @@ def conductor() -> Iterator[ConductorService]:
 
 @pytest.fixture
 def procs() -> Iterator[list[Proc]]:
-    made: list[Proc] = []
-    yield made
-    for p in reversed(made):
-        p.kill()
+    yield from proc_list()
 
 
 def _listening(pid: int) -> set[int]:

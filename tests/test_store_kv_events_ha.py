@@ -15,7 +15,7 @@ from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.store.ha.leader import LeaderInfo, LeaderResolver
 from tests.conftest import wait_for
 from tests.helpers.indexer_calls import m, running_conductor, settles, streams
-from tests.helpers.store_procs import Proc
+from tests.helpers.store_procs import Proc, proc_list
 from tests.test_store_kv_events import KEYS, NS, T, ask, node, query, register
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,10 +28,7 @@ def conductor() -> Iterator[ConductorService]:
 
 @pytest.fixture
 def procs() -> Iterator[list[Proc]]:
-    made: list[Proc] = []
-    yield made
-    for p in reversed(made):
-        p.kill()
+    yield from proc_list()
 
 
 def test_a_new_leader_starts_its_stream_over_and_refills_it(etcd, conductor, procs) -> None:

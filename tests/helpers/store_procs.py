@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +60,11 @@ def start_ha_master(ha: str, *extra: str) -> Proc:
     (etcd://HOST:PORT/CLUSTER); its ready line comes before it is elected."""
     return Proc([sys.executable, "-m", "mooncake_cli.store.service", "--port", "0",
                  "--ha", ha, *extra])
+
+
+def proc_list() -> Iterator[list[Proc]]:
+    """For a fixture: the processes a test starts, killed after it (the last started first)."""
+    made: list[Proc] = []
+    yield made
+    for p in reversed(made):
+        p.kill()
