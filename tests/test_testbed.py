@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from mooncake_cli.testbed import netns, stream
 from mooncake_cli.testbed.state import Testbed, state_path
+from tests.conftest import wait_for
 from tests.helpers import testbed
 
 LINKS = "a-b=1gbit,a-c=10gbit,b-c=25gbit,c-d=100mbit/mtu=1500:1400"
@@ -112,10 +112,8 @@ def test_up_twice_replaces_and_down_removes_only_its_own(bed: Testbed) -> None:
     left = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "bench", "testbed", "exec",
                              "--prefix", "mctu", "x", "--", "sleep", "600"])
     try:
-        deadline = time.monotonic() + 30
-        while str(left.pid) not in netns.run(["ip", "netns", "pids", "mctu-x"]).split():
-            assert time.monotonic() < deadline, "exec never entered mctu-x"
-            time.sleep(0.05)
+        wait_for(lambda: str(left.pid) in netns.run(["ip", "netns", "pids", "mctu-x"]).split(),
+                 30, 0.05, "exec to enter mctu-x")
         done = cli("bench", "testbed", "down", "--prefix", "mctu")
         assert left.wait(timeout=10) == -9  # down killed what still ran in the namespace
     finally:
