@@ -69,9 +69,13 @@ def _reuse_view(rep: dict[str, Any]) -> Any:
         con.print(f"mean TTFT store {rep['store_ttft_s']['mean']:.3f} s, recompute "
                   f"{rep['recompute_ttft_s']['mean']:.3f} s: store÷recompute "
                   f"{rep['ratio_of_means']:.3f} ({rep['speedup_of_means']:.2f}x faster)")
-        con.print(f"{h['start']}, {h['cores']} cores, load average {h['load_before']} before, "
-                  f"{h['load_after']} after")
+        _host_line(con, h)
     return draw
+
+
+def _host_line(con: Console, h: dict[str, Any]) -> None:
+    con.print(f"{h['start']}, {h['cores']} cores, load average {h['load_before']} before, "
+              f"{h['load_after']} after")
 
 
 def prefix_reuse(
@@ -119,8 +123,7 @@ def _cpu_view(rep: dict[str, Any]) -> Any:
         con.print(t)
         for k, v in rep["ratios"].items():
             con.print(f"conductor CPU per request {k}: {v:.3f}")
-        con.print(f"{h['start']}, {h['cores']} cores, load average {h['load_before']} before, "
-                  f"{h['load_after']} after")
+        _host_line(con, h)
     return draw
 
 
