@@ -77,10 +77,6 @@ class EventRouting:
         with self._lock:
             return name in self._followed
 
-    def followed(self) -> list[str]:
-        with self._lock:
-            return sorted(self._followed)
-
     def sync(self, index: CacheIndex, tokens: Sequence[int],
              keys: Sequence[Hashable]) -> dict[str, int]:
         """Set each followed worker's holding of `keys` (the blocks of `tokens`) in `index` to
