@@ -152,7 +152,12 @@ def test_remove_all_removes_the_files(side: Side) -> None:
     for i in range(5):
         assert s.put(f"k{i}", bytes([i]) * 10_000) == 0
     wait_for(lambda: len(side.files()) == 5, 10)
-    assert s.remove_all() == 5
+    # Upstream's master skips an object whose disk replica it has not yet been told is
+    # complete; the files are written first, so a second call can find it. Each object is
+    # counted once across the calls.
+    removed = [s.remove_all()]
+    wait_for(lambda: sum(removed) >= 5 or removed.append(s.remove_all()), 10)
+    assert sum(removed) == 5 and s.remove_all() == 0
     wait_for(lambda: side.files() == [], 10)
     assert s.is_exist("k0") == 0 and s.get("k0") == b""
 

@@ -105,4 +105,4 @@ def test_runner_runs_the_chosen_groups_in_order() -> None:
     assert seen == ["rdma", "memory"]
     groups = [c.group for c in checks]
     assert set(groups) == {"rdma", "memory"} and groups.index("memory") > groups.index("rdma")
-    assert list(GROUPS)[0] == "install" and len(GROUPS) == 8 and "nixl" in GROUPS
+    assert list(GROUPS)[0] == "install" and len(GROUPS) == 9 and "nixl" in GROUPS
