@@ -114,6 +114,8 @@ def _unsigned_attacks(roles: dict[str, Any]) -> list[tuple[str, str, dict[str, A
             (c + "/v1/instances/deregister", "POST", {"name": "decode-0"}),
             (p + "/v1/prefill", "POST", {"request_id": "evil", "token_ids": [1, 2, 3],
                                          "decode": "http://127.0.0.1:9"}),
+            (p + "/v1/prefetch", "POST", {"request_id": "evil", "token_ids": [1, 2, 3]}),
+            (p + "/v1/prefetch/cancel", "POST", {"request_id": "evil"}),
             (d + "/v1/kv/reserve", "POST", {"request_id": "evil", "num_tokens": 1000}),
             (d + "/v1/kv/release", "POST", {"request_id": "evil"}),
             (d + "/v1/generate", "POST", {"request_id": "evil", "token_ids": [1, 2],

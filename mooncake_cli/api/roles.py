@@ -68,6 +68,7 @@ class PrefillRequest(Message):
     sampling: SamplingParams = SamplingParams()
     reuse: Reuse = "any"  # which stored prefix blocks may be loaded
     pipeline: Pipeline | None = None  # None: this worker alone
+    prefetch: bool = True  # pull its stored prefix here while it waits behind others
 
     @model_validator(mode="after")
     def _prompt_given(self) -> PrefillRequest:
@@ -125,6 +126,20 @@ class PrefillAnswer(Answer):
     token_ids: list[int] | None = None  # when the request gave a prompt string
     pipeline: PipelineReport | None = None  # when the request asked for a pipeline
     fetched: list[FetchedFrom] = []  # per segment read from over the network
+    prefetched: Count = 0  # prefix blocks a prefetch pulled here before the prefill began
+
+
+class PrefetchRequest(Message):
+    """Pull the stored prefix of a request that waits for this worker (worker/prefetch.py)."""
+
+    request_id: RequestId
+    token_ids: TokenIds
+
+
+class PrefetchAnswer(Answer):
+    request_id: str
+    started: bool  # False: this worker cannot prefetch (no own segment) or too many wait
+    state: str = ""  # the prefetch's state when answered (waiting, pulling, done, ...)
 
 
 class ReserveRequest(Message):

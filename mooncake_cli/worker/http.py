@@ -2,6 +2,7 @@
 
     GET  /health, /metrics, /v1/load                 both roles
     POST /v1/prefill                                 prefill (waits for its turn, async)
+    POST /v1/prefetch, /v1/prefetch/cancel           prefill (a waiting request's prefix)
     POST /v1/kv/reserve, /v1/kv/release              decode
     POST /v1/generate                                decode (server-sent token events)
     POST /v1/stage/{begin,chunk,release}             prefill (pipeline stages: stage_host.py)
@@ -24,6 +25,7 @@ from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.schema import parse
 from mooncake_cli.asgi import body, note, sse, text_response
+from mooncake_cli.kvkeys import block_keys
 from mooncake_cli.worker.kvgrant import KVGrants
 
 if TYPE_CHECKING:
@@ -31,8 +33,9 @@ if TYPE_CHECKING:
     from mooncake_cli.worker.prefill import PrefillWorker
     from mooncake_cli.worker.runtime import WorkerRuntime
 
-AUDITED = {"/v1/prefill": "prefill", "/v1/kv/reserve": "reserve", "/v1/kv/release": "release",
-           "/v1/generate": "generate", "/v1/stage/begin": "stage"}
+AUDITED = {"/v1/prefill": "prefill", "/v1/prefetch": "prefetch",
+           "/v1/prefetch/cancel": "prefetch_cancel", "/v1/kv/reserve": "reserve",
+           "/v1/kv/release": "release", "/v1/generate": "generate", "/v1/stage/begin": "stage"}
 
 def _json(message: Any) -> Response:
     data = message.model_dump(mode="json") if hasattr(message, "model_dump") else message
@@ -77,7 +80,25 @@ def prefill_routes(w: PrefillWorker) -> list[Route]:
              if req.decode else 0, transfer_s=answer.timing.transfer)
         return _json(answer)
 
-    return [*common_routes(w), Route("/v1/prefill", prefill, methods=["POST"])]
+    async def prefetch(request: Request) -> Response:
+        _refuse_when_draining(w)
+        req = parse(roles.PrefetchRequest, await body(request))
+        note(request, request_id=req.request_id)
+        pull = w.prefetch.start(req.request_id, block_keys(req.token_ids, w.wire.ns), "queue") \
+            if w.prefetch is not None else None
+        return _json(roles.PrefetchAnswer(request_id=req.request_id, started=pull is not None,
+                                          state=pull.state if pull else ""))
+
+    async def cancel(request: Request) -> Response:
+        req = parse(roles.RequestRef, await body(request))
+        note(request, request_id=req.request_id)
+        pull = w.prefetch.cancel(req.request_id) if w.prefetch is not None else None
+        return _json(roles.PrefetchAnswer(request_id=req.request_id, started=pull is not None,
+                                          state=pull.state if pull else ""))
+
+    return [*common_routes(w), Route("/v1/prefill", prefill, methods=["POST"]),
+            Route("/v1/prefetch", prefetch, methods=["POST"]),
+            Route("/v1/prefetch/cancel", cancel, methods=["POST"])]
 
 
 def decode_routes(w: DecodeWorker) -> list[Route]:

@@ -58,6 +58,10 @@ class WorkerMetrics:
                               "busy, failed or gone.",
         "stage_bytes_sent": "Bytes the prefills this worker led handed to their stages "
                             "(hidden states and reused prefix slices).",
+        "prefetches": "Prefetches started: a waiting request's stored prefix blocks pulled "
+                      "into this worker's own segment before its prefill.",
+        "prefetches_cancelled": "Prefetches stopped because their request left the queue.",
+        "prefetched_blocks": "KV blocks prefetches gave a replica in this worker's own segment.",
         "write_behind_dropped_blocks": "Generated KV blocks not stored because the store was "
                                        "slower than the decode steps.",
     }

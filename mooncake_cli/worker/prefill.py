@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from mooncake_cli.transfer.linkstats import reads_since
 from mooncake_cli.worker.http import prefill_routes
 from mooncake_cli.worker.kvstream import KVStream
 from mooncake_cli.worker.pipelined import Pipelines
+from mooncake_cli.worker.prefetch import Prefetcher
 from mooncake_cli.worker.prefix import PrefixStore
 from mooncake_cli.worker.runtime import WorkerRuntime
 
@@ -57,6 +59,7 @@ class PrefillWorker(WorkerRuntime):
         self.wire.register(self.engine)  # int8: the staging area streams are sent from
         self.prefix = PrefixStore(self.store, self.cache, self.wire) \
             if self.store is not None else None
+        self.prefetch = Prefetcher(self.prefix, self.metrics) if self.prefix else None
         self._evictions_seen = 0
         self._queue: queue.Queue[PrefillJob | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -91,12 +94,19 @@ class PrefillWorker(WorkerRuntime):
             if self._queue.qsize() >= self.cfg.max_waiting:
                 raise ServingError(ErrorCode.UNAVAILABLE, f"prefill queue is full "
                                    f"({self.cfg.max_waiting} requests)", retry_after=1)
+            behind = self._busy or self._queue.qsize()
             self._queued_tokens += len(tokens)
             self._queue.put(job)
+        if behind and req.prefetch and req.reuse == "any" and self.prefetch is not None:
+            self.prefetch.start(req.request_id, block_keys(tokens, self.wire.ns), "busy")
         try:
             answer = await asyncio.wrap_future(job.answer)
         except ServingError:
             self.metrics.add("requests_failed")
+            raise
+        except asyncio.CancelledError:  # its caller left: so does its prefetch
+            if self.prefetch is not None:
+                self.prefetch.cancel(req.request_id)
             raise
         if req.token_ids is None:
             answer = answer.model_copy(update={"token_ids": tokens})
@@ -146,12 +156,16 @@ class PrefillWorker(WorkerRuntime):
                 timing["transfer"] += time.perf_counter() - t
             keys = block_keys(tokens, self.wire.ns)
             links = self.engine.links if self.engine is not None else None
-            t, before = time.perf_counter(), links.snapshot() if links else {}
-            loaded = self.prefix.load(keys, len(tokens), seq.block_table, job.reuse) \
-                if self.prefix and job.reuse != "none" else 0
-            fetched = [roles.FetchedFrom(segment=peer, bytes=m.bytes, seconds=round(m.seconds, 6))
-                       for peer, m in reads_since(before, links.snapshot()).items()] \
-                if links else []  # what the engine read from other segments: the links' speed
+            t = time.perf_counter()
+            pulled = self.prefetch.claim(job.request_id) if self.prefetch else None
+            with self.prefetch.loading() if self.prefetch else nullcontext():
+                before = links.snapshot() if links else {}
+                loaded = self.prefix.load(keys, len(tokens), seq.block_table, job.reuse) \
+                    if self.prefix and job.reuse != "none" else 0
+                fetched = [roles.FetchedFrom(segment=peer, bytes=m.bytes,
+                                             seconds=round(m.seconds, 6))
+                           for peer, m in reads_since(before, links.snapshot()).items()] \
+                    if links else []  # what the engine read from other segments: link speed
             seq.num_computed = loaded * bs
             timing["load"] = time.perf_counter() - t
             first, sent, piped = self._prefill(job, stream, timing)
@@ -184,7 +198,7 @@ class PrefillWorker(WorkerRuntime):
             cached_tokens=loaded * bs, stored_keys=stored, replicated_keys=replicated,
             finish_reason=seq.finish_reason,
             timing=roles.PrefillTiming(**{k: round(v, 6) for k, v in timing.items()}),
-            pipeline=piped, fetched=fetched)
+            pipeline=piped, fetched=fetched, prefetched=pulled.pulled if pulled else 0)
 
     def _prefill(self, job: PrefillJob, stream: KVStream | None, timing: dict[str, float]
                  ) -> tuple[int, int, roles.PipelineReport | None]:
@@ -253,6 +267,8 @@ class PrefillWorker(WorkerRuntime):
 
     # -- shutdown ----------------------------------------------------------------------------
     def drain(self, timeout: float) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
         self._queue.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
