@@ -52,6 +52,8 @@ def start(
     request_timeout: float = _opt("--request-timeout", "request_timeout", "SECONDS"),
     max_migrations: int = _opt("--max-migrations", "max_migrations", "N"),
     profile: str = _opt("--profile", "profile"),
+    prefetch: bool = typer.Option(None, "--prefetch/--no-prefetch",
+                                  help=help_of(ConductorConfig, "prefetch")),
     explain: str = _opt("--explain", "explain", "FILE"),
     seed: int = _opt("--seed", "seed"),
     local: str = typer.Option(None, "--local", metavar="P,D",
@@ -90,7 +92,7 @@ def start(
                prefill=prefill, decode=decode, registry=registry,
                peers=peers, peer_ttl=peer_ttl, request_timeout=request_timeout,
                store_events=store_events, store_events_replay=store_events_replay,
-               max_migrations=max_migrations,
+               max_migrations=max_migrations, prefetch=prefetch,
                ttft_slo=ttft_slo, max_queue=max_queue, prefill_depth=prefill_depth,
                tbt_slo=tbt_slo, profile=profile, explain=explain, seed=seed, api_key=api_key,
                audit_log=audit_log)

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.roles import PrefillAnswer
+from mooncake_cli.conductor.estimate import Candidate
 from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.online_cost import OnlineCostModel
+from mooncake_cli.conductor.prefetch import worth
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.interfaces import ConfigError
@@ -38,6 +40,7 @@ class Bookings:
         self._decode_booked: dict[str, int] = {}  # rid -> KV tokens booked on its decode
         self.peers: Peers | None = None  # with --peers: bookings and learning are shared
         self.events: EventRouting | None = None  # workers whose KV events say what they hold
+        self.prefetch = False  # prefill instances pull a waiting request's prefix
 
     def decide(self, sreq: Request, param: str = "prompt",
                queue: dict[str, Any] | None = None) -> Decision:
@@ -79,6 +82,17 @@ class Bookings:
             for name in (chosen.instance, *chosen.stages):
                 self._queued.setdefault(name, {})[sreq.id] = chosen.prefill_s
             return decision
+
+    def peek(self, sreq: Request) -> Candidate | None:
+        """Where `sreq` would go now, nothing booked or logged (None: nowhere live)."""
+        with self.instances.lock:
+            if self.events is not None:
+                self.events.sync(self.scheduler.cluster.index, sreq.tokens, sreq.block_keys)
+            try:
+                decision = self.scheduler.schedule(sreq, time.monotonic())
+            except ConfigError:
+                return None
+            return None if decision.too_large else decision.placement.chosen
 
     def unbook(self, decision: Decision, sreq: Request, prefill_only: bool = False) -> None:
         """The prefill part of a booking is over (done or failed); unless `prefill_only`, the
@@ -129,6 +143,7 @@ class Bookings:
               decision: Decision, block_bytes: int = 0) -> None:
         prompt, cached = answer.prompt_tokens, answer.cached_tokens
         self.metrics.add("prompt_tokens_total", prompt)
+        self.metrics.add("prefetched_blocks_total", answer.prefetched)
         self.metrics.add("prefix_hit_tokens_total", cached)
         fetched = decision.placement.chosen.fetch_blocks
         if fetched:
@@ -175,11 +190,25 @@ class Bookings:
             record = decision.explain()
             if queue is not None:
                 record["queue"] = queue
+            prefetch = self._prefetch(decision, queue)
+            if prefetch is not None:
+                record["prefetch"] = prefetch
             if held:  # per worker followed: the leading blocks its KV events say it holds
                 record["kv_events"] = held
             with self._explain_lock:
                 self._explain.write(json.dumps(record) + "\n")
                 self._explain.flush()
+
+    def _prefetch(self, decision: Decision, queue: dict[str, Any] | None
+                  ) -> dict[str, Any] | None:
+        """The prefetch of `decision`'s prefix: ordered while it waited in the queue, or done
+        by its instance while it waits there behind others (conductor/prefetch.py)."""
+        if queue is not None and "prefetch" in queue:
+            return dict(queue.pop("prefetch"))
+        chosen = decision.placement.chosen
+        if self.prefetch and chosen.queue_s > 0 and worth(chosen):
+            return {"instance": chosen.instance, "blocks": worth(chosen), "reason": "busy"}
+        return None
 
     def close(self) -> None:
         if self._explain is not None:

@@ -88,6 +88,9 @@ class ConductorConfig:
     max_migrations: int = described(3, "times one answer may move to another decode worker "
                                        "when its worker fails mid-answer (0: never)")
     profile: str = described("", "profile.json from `mooncake bench profile` (none: learn the "
+    prefetch: bool = described(True, "have the prefill instance a waiting request will go to "
+                                     "pull its stored prefix into its own segment meanwhile "
+                                     "(--no-prefetch: the prefill fetches it when it starts)")
                                  "cost model from the workers' timings)")
     explain: str = described("", "JSONL file to append every scheduling decision to")
     bandwidth: float = described(1e9, "bytes/s between instances, for fetch estimates")

@@ -30,9 +30,11 @@ from mooncake_cli.auth import Signer
 from mooncake_cli.conductor import answers
 from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.decoding import Decoding, Placed
+from mooncake_cli.conductor.estimate import Candidate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.pipelines import Pipelines
+from mooncake_cli.conductor.prefetch import Prefetches
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Request
@@ -51,7 +53,8 @@ class Conductor:
     def __init__(self, model: ServedModel, scheduler: Scheduler, instances: Instances,
                  metrics: ConductorMetrics, retries: int = 2, timeout: float = 300.0,
                  explain_path: str = "", auth: Signer | None = None,
-                 queue_limit: int = 4096, max_migrations: int = 3) -> None:
+                 queue_limit: int = 4096, max_migrations: int = 3,
+                 prefetch: bool = True) -> None:
         self.model = model
         self.auth = auth  # signs every request to the workers with the cluster secret
         self.scheduler = scheduler
@@ -64,6 +67,8 @@ class Conductor:
                                metrics.add, lambda d: scheduler.estimated_ttft(d.placement),
                                scheduler.decode_wait)
         metrics.queue_length = lambda: len(self.queue)
+        self.prefetches = Prefetches(metrics, instances.url, self._post, prefetch)
+        self.bookings.prefetch = prefetch
         self._peers: dict[asyncio.AbstractEventLoop, AsyncPeer] = {}
         self.decoding = Decoding(self, max_migrations, model.eos_token_ids)
         self.pipelines = Pipelines(instances, metrics, self.decoding.alive)
@@ -76,6 +81,9 @@ class Conductor:
         if peer is None:
             peer = self._peers[loop] = AsyncPeer(self.auth)
         return peer
+
+    async def _post(self, url: str, body: bytes) -> Any:
+        return await self.peer.call(url, body, timeout_s=10.0)
 
     # -- request path ---------------------------------------------------------------------
     def tokens(self, req: oa.Completion) -> list[int]:
@@ -133,10 +141,30 @@ class Conductor:
         param = "messages" if req.chat else "prompt"
         tried: list[str] = []
         attempt, full = 0, False
+
+        def decide(t: Ticket) -> Decision:
+            d = self.bookings.decide(sreq, param, t.explain())
+            if d.waiting:
+                prefetch(t, d.placement.chosen)
+            return d
+
+        def joined(t: Ticket) -> None:  # behind others: where it would go now
+            chosen = self.bookings.peek(sreq) if self.prefetches.enabled else None
+            if chosen is not None:
+                prefetch(t, chosen)
+
+        def prefetch(t: Ticket, chosen: Candidate) -> None:
+            if order := self.prefetches.waiting(chosen, sreq):
+                t.prefetch = order.explain("queue")
+
         while attempt <= self.retries:
-            decision = await self.queue.admit(
-                lambda t: self.bookings.decide(sreq, param, t.explain()), ticket, front=full,
-                booking=self.scheduler.decode_booking(sreq))
+            try:
+                decision = await self.queue.admit(decide, ticket, front=full, joined=joined,
+                                                  booking=self.scheduler.decode_booking(sreq))
+            except BaseException:
+                self.prefetches.left(rid)
+                raise
+            self.prefetches.placed(rid, decision.prefill)
             full = False
             if not await self.bookings.confirm(decision, sreq):  # --peers: a peer booked first
                 ticket.requeued += 1
@@ -230,7 +258,7 @@ class Conductor:
             request_id=rid, token_ids=ids, decode=durl, sampling=req.sampling,
             # reuse only what the instance holds, unless the policy chose to fetch
             reuse="any" if anywhere or chosen.fetch_blocks > chosen.local_blocks else "local",
-            pipeline=self.pipelines.request(chosen))
+            pipeline=self.pipelines.request(chosen), prefetch=self.prefetches.enabled)
         try:
             ans = await self.peer.call(purl + "/v1/prefill", body.model_dump_json().encode(),
                                        timeout_s=self.timeout)
@@ -243,6 +271,7 @@ class Conductor:
 
     async def close_peer(self) -> None:
         """Close the running loop's pooled client."""
+        await self.prefetches.close()
         peer = self._peers.pop(asyncio.get_running_loop(), None)
         if peer is not None:
             await peer.close()

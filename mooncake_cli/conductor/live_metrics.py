@@ -45,6 +45,12 @@ COUNTERS = {
     "completion_tokens_total": "Tokens streamed back to clients.",
     "blocks_fetched_total": "KV blocks the scheduler had a prefill instance fetch from another.",
     "blocks_replicated_total": "Fetched KV blocks that gained a replica on the fetching instance.",
+    "prefetch_requests_total": "Waiting requests whose prefill instance was asked to pull "
+                               "their prefix into its own segment while they wait.",
+    "prefetch_cancelled_total": "Prefetches cancelled: their request left the queue or went to "
+                                "another instance.",
+    "prefetched_blocks_total": "Prefix blocks a prefetch had pulled onto the prefill instance "
+                               "before its prefill began (as the prefill answers report).",
     "evicted_blocks_total": "KV blocks the cache index dropped to make room.",
     "migrations_total": "Answers moved to another decode worker after theirs failed.",
     "migration_reused_tokens_total": "Tokens of moved answers whose KV the new prefill "

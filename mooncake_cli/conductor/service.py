@@ -89,7 +89,8 @@ class ConductorService:
                                    retries=cfg.retries, timeout=cfg.request_timeout,
                                    explain_path=cfg.explain, auth=auth,
                                    queue_limit=cfg.max_queue,
-                                   max_migrations=cfg.max_migrations)
+                                   max_migrations=cfg.max_migrations,
+                                   prefetch=cfg.prefetch)
         self.poller = Poller(instances, cfg.prefill + cfg.decode, cfg.poll_interval, auth)
         limits = Limits(max_connections=cfg.max_connections, idle_timeout=cfg.idle_timeout)
         self.audit = AuditLog.open(cfg.audit_log, "conductor")

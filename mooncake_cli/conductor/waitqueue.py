@@ -46,6 +46,7 @@ class Ticket:
     placed_ttft_s: float | None = None  # the estimate from placement on (no queue wait)
     migrations: list[dict[str, Any]] = field(default_factory=list)  # moves of its answer
     migration: dict[str, Any] | None = None  # the move this placement is for, if one
+    prefetch: dict[str, Any] | None = None  # the prefetch ordered while it waited, if one
 
     def headers(self) -> dict[str, str]:
         """What the answer tells the client about its wait and moves (for benchmarks and
@@ -63,6 +64,8 @@ class Ticket:
             "waited_s": round(time.monotonic() - self.arrived, 3), "requeued": self.requeued}
         if self.migration is not None:
             out["migration"] = dict(self.migration)
+        if self.prefetch is not None:
+            out["prefetch"] = dict(self.prefetch)
         return out
 
 
@@ -123,9 +126,12 @@ class WaitQueue:
             self._line[0].wake.set()
 
     async def admit(self, decide: Callable[[Ticket], Decision], ticket: Ticket,
-                    front: bool = False, booking: int = 0) -> Decision:
+                    front: bool = False, booking: int = 0,
+                    joined: Callable[[Ticket], None] = lambda t: None) -> Decision:
         """A booked decision for `ticket`'s request, once its turn comes and room exists;
-        `front` puts it back at the head (its placement failed for lack of room after all)."""
+        `front` puts it back at the head (its placement failed for lack of room after all).
+        `joined` is called when it joins the line behind others (the head's `decide` runs
+        at once instead)."""
         if not self._line:
             decision = decide(ticket)
             self._seen(decision)
@@ -140,6 +146,8 @@ class WaitQueue:
             self._line.appendleft(me)
         else:
             self._line.append(me)
+        if self._line[0] is not me:
+            joined(ticket)
         try:
             while True:
                 if self._line[0] is me:

@@ -113,6 +113,11 @@ class Prefetcher:
             log.warning("prefetch of %s did not stop within %.0f s", request_id, timeout)
         return pull
 
+    def pulls(self) -> list[Pull]:
+        """The prefetches not yet claimed or cancelled, oldest first."""
+        with self._lock:
+            return list(self._pulls.values())
+
     @contextmanager
     def loading(self) -> Iterator[None]:
         """A prefill loads its prefix: no chunk runs meanwhile."""
