@@ -1,8 +1,9 @@
-"""Fetch or recompute on a real testbed: a prefix held by a prefill worker on host a, fetched by
+"""Fetch or recompute, and prefetch, on a real testbed: a prefix held by a prefill worker on host a, fetched by
 real prefill workers on b (10 Gbit to a) and c (100 Mbit to a) through the store, their transfer
 engines reporting what the fetch took (`PrefillAnswer.fetched`); the conductor learns each link's
 bandwidth from those answers and then recomputes the prefix over the slow link and fetches it
-over the fast one.
+over the fast one. A worker on c asked to prefetch the prefix (as the conductor asks while a
+request waits) then prefills reading none of it over the link.
 
 Not covered here: the conductor placing these requests itself over HTTP (the test has b and c
 fetch, as the conductor's decision to fetch would, and hands their answers to it).
@@ -47,8 +48,9 @@ def in_host(tb: Testbed, host: str, args: list[str], secret: str) -> subprocess.
                             env={**os.environ, **env, "MOONCAKE_SECRET": secret})
 
 
-def fetch(tb: Testbed, host: str, master: str, secret: str) -> dict[str, Any]:
-    proc = in_host(tb, host, ["fetch", master], secret)
+def fetch(tb: Testbed, host: str, master: str, secret: str, mode: str = "fetch"
+          ) -> dict[str, Any]:
+    proc = in_host(tb, host, [mode, master], secret)
     try:
         out, _ = proc.communicate(timeout=240)
     finally:
@@ -116,6 +118,26 @@ def test_recompute_over_100mbit_and_fetch_over_10gbit(bed: Testbed) -> None:
         assert chosen.instance == fast
         assert chosen.fetch_blocks == (16 if fast == "b" else 0), chosen
         placing.by_name[slow].busy_until = 0.0
+
+
+def test_a_prefetched_prefix_is_read_locally(bed: Testbed) -> None:
+    """c (100 Mbit from a) pulls the prefix a holds while the request would wait; its prefill
+    then reads none of it over the link."""
+    secret = secrets.token_hex(16)
+    holder = in_host(bed, "a", ["hold"], secret)
+    try:
+        held = read_line(holder, 240)
+        got = fetch(bed, "c", held["master"], secret, "prefetch")
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(60)
+    pull, answer = got["prefetch"], got["answer"]
+    assert (pull["state"], pull["held"], pull["pulled"]) == ("done", 0, 16), pull
+    assert pull["bytes"] == 16 * NS.block_bytes and pull["reason"] == "queue"
+    assert answer["prefetched"] == 16 and answer["cached_tokens"] == 16 * link_worker.BLOCK
+    assert answer["fetched"] == [], answer
+    assert answer["first_token"] == held["answer"]["first_token"]
 
 
 def cluster(keys: list[str]) -> Cluster:

@@ -8,6 +8,9 @@ MOONCAKE_TESTBED_ADDR, the cluster secret in MOONCAKE_SECRET):
 - `fetch MASTER`: a worker that prefills the same prompt reusing blocks from any segment (as
   a worker does when the conductor has it fetch); prints its answer, whose `fetched` says what
   its transfer engine read from the holder's segment and how long it took.
+- `prefetch MASTER`: a worker asked to prefetch the prompt first (as the conductor asks while
+  the request waits); once the prefetch is done it prefills; prints the prefetch's report and
+  the answer.
 
 The transfer engine uses tcp, so the bytes cross the shaped link (a same-machine peer would
 otherwise be reached over shared memory).
@@ -63,6 +66,16 @@ def main(argv: list[str]) -> None:
                 print(json.dumps({"master": master.address, "segment": w.store.engine.name,
                                   "answer": answer}), flush=True)
                 sys.stdin.read()  # serve the blocks until the test is done
+    elif argv[0] == "prefetch":
+        with worker(os.environ["MOONCAKE_TESTBED_HOST"], argv[1]) as w:
+            asked = call(w.url + "/v1/prefetch", {"request_id": "p", "token_ids": prompt()},
+                         timeout=60, auth=w.auth)
+            assert asked.status == 200 and asked.body["started"], asked.body
+            assert w.prefetch is not None
+            pull = w.prefetch.get("p")
+            assert pull is not None and pull.finished.wait(120), "the prefetch did not end"
+            report = pull.report()
+            print(json.dumps({"prefetch": report, "answer": prefill(w, "p", "any")}), flush=True)
     else:
         w = worker(os.environ["MOONCAKE_TESTBED_HOST"], argv[1])
         with w:
