@@ -1,9 +1,9 @@
-"""Fetch or recompute, and prefetch, on a real testbed: a prefix held by a prefill worker on host a, fetched by
-real prefill workers on b (10 Gbit to a) and c (100 Mbit to a) through the store, their transfer
-engines reporting what the fetch took (`PrefillAnswer.fetched`); the conductor learns each link's
-bandwidth from those answers and then recomputes the prefix over the slow link and fetches it
-over the fast one. A worker on c asked to prefetch the prefix (as the conductor asks while a
-request waits) then prefills reading none of it over the link.
+"""Fetch or recompute, and prefetch, on a real testbed: a prefix held by a prefill worker on host
+a, fetched by real prefill workers on b (10 Gbit to a) and c (100 Mbit to a) through the store,
+their transfer engines reporting what the fetch took (`PrefillAnswer.fetched`); the conductor
+learns each link's bandwidth from those answers and then recomputes the prefix over the slow
+link and fetches it over the fast one. A worker on c asked to prefetch the prefix (as the
+conductor asks while a request waits) then prefills reading none of it over the link.
 
 Not covered here: the conductor placing these requests itself over HTTP (the test has b and c
 fetch, as the conductor's decision to fetch would, and hands their answers to it).
