@@ -23,6 +23,7 @@ from mooncake_cli.config import described
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 
 PIPELINE = "kvcache-pipeline"  # the policy that spreads a prefill over stages (our engine's)
+LINK_BANDWIDTH = ("measured", "model")  # what fetch estimates take per pair (conductor/links.py)
 
 
 def _urls(value: Any, name: str) -> tuple[str, ...]:
@@ -87,13 +88,20 @@ class ConductorConfig:
                                                "two tokens of an answer")
     max_migrations: int = described(3, "times one answer may move to another decode worker "
                                        "when its worker fails mid-answer (0: never)")
-    profile: str = described("", "profile.json from `mooncake bench profile` (none: learn the "
     prefetch: bool = described(True, "have the prefill instance a waiting request will go to "
                                      "pull its stored prefix into its own segment meanwhile "
                                      "(--no-prefetch: the prefill fetches it when it starts)")
+    profile: str = described("", "profile.json from `mooncake bench profile` (none: learn the "
                                  "cost model from the workers' timings)")
     explain: str = described("", "JSONL file to append every scheduling decision to")
     bandwidth: float = described(1e9, "bytes/s between instances, for fetch estimates")
+    link_bandwidth: str = described("measured", "the bandwidth a prefix fetched from one "
+                                                "prefill instance by another is estimated to "
+                                                "cross at: measured (each pair's, learned from "
+                                                "the fetches the conductor had it make; the "
+                                                "cost model's bandwidth until the first) or "
+                                                "model (the cost model's for every pair; "
+                                                "nothing learned)")
     registry: str = described("", "etcd://HOST:PORT[,...][/CLUSTER]: also serve the workers "
                                   "registered there")
     peers: str = described("", "etcd://HOST:PORT[,...][/CLUSTER]: share decode bookings and "
@@ -136,6 +144,9 @@ class ConductorConfig:
             for url in (self.registry, self.peers):
                 if url:
                     parse(url)
+        if self.link_bandwidth not in LINK_BANDWIDTH:
+            raise ConfigError(f"link_bandwidth must be {' or '.join(LINK_BANDWIDTH)}, not "
+                              f"{self.link_bandwidth!r}")
         if self.store_events_replay and not self.store_events:
             raise ConfigError("store_events_replay needs store_events")
         for name in ("store_events", "store_events_replay"):

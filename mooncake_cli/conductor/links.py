@@ -5,7 +5,9 @@ seconds its transfer engine took for them (`PrefillAnswer.fetched`, from the eng
 statistics); the conductor counts them for the pair it chose, the holder the prefix came from
 and the instance that fetched it. Each pair keeps an exponentially weighted average of the
 rates seen, the first one taken as it is. A pair never measured has no entry: the scheduler
-uses the cost model's bandwidth for it, the prior (`--bandwidth`, or the profile's).
+uses the cost model's bandwidth for it, the prior (the conductor config's `bandwidth`, or the
+profile's). With `learn` off (`--link-bandwidth model`) observations are dropped, so every pair
+keeps the prior: fetches are estimated as before links were measured.
 
 Not locked: the live conductor observes and reads it under its instance registry's lock.
 """
@@ -22,8 +24,8 @@ ALPHA = 0.3  # weight of the newest rate: a link's rate changes with its load
 class Links:
     """Measured bytes per second per (source, destination) pair of instances."""
 
-    def __init__(self, alpha: float = ALPHA) -> None:
-        self.alpha = alpha
+    def __init__(self, alpha: float = ALPHA, learn: bool = True) -> None:
+        self.alpha, self.learn = alpha, learn
         self._from: dict[str, dict[str, float]] = {}  # source -> destination -> bytes/s
         self._seen: dict[tuple[str, str], int] = {}  # (source, destination) -> fetches
 
@@ -32,8 +34,10 @@ class Links:
         return bool(self._from)
 
     def observe(self, source: str, dest: str, nbytes: int, seconds: float) -> None:
-        """`dest` read `nbytes` from `source` in `seconds` of transfers."""
-        if nbytes <= 0 or not seconds > 0 or not math.isfinite(seconds) or source == dest:
+        """`dest` read `nbytes` from `source` in `seconds` of transfers (dropped unless
+        `learn`)."""
+        if not self.learn or nbytes <= 0 or not seconds > 0 or not math.isfinite(seconds) \
+                or source == dest:
             return
         rate = nbytes / seconds
         row = self._from.setdefault(source, {})

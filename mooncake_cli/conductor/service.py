@@ -25,6 +25,7 @@ from mooncake_cli.conductor.indexer_api import AUDITED as INDEXER_AUDITED
 from mooncake_cli.conductor.indexer_api import READ as INDEXER_READ
 from mooncake_cli.conductor.indexer_api import indexer_routes
 from mooncake_cli.conductor.instances import Instances, Poller
+from mooncake_cli.conductor.links import Links
 from mooncake_cli.conductor.live import Conductor
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.online_cost import OnlineCostModel
@@ -78,7 +79,7 @@ class ConductorService:
         auth = signer(secret)
         model = served_model(cfg)
         cost = cost_model(cfg, model.ns)
-        cluster = Cluster(cost)
+        cluster = Cluster(cost, links=Links(learn=cfg.link_bandwidth == "measured"))
         on_step = cost.observe_decode if isinstance(cost, OnlineCostModel) else None
         instances = Instances(cluster, cfg.instance_ttl, cfg.block_size, on_decode_step=on_step)
         slo = Slo(cfg.ttft_slo or None, cfg.tbt_slo or None)
