@@ -75,8 +75,9 @@ def test_exec_runs_in_the_hosts_namespace(bed: Testbed) -> None:
     found = {a["local"] for i in json.loads(done.stdout) for a in i["addr_info"]}
     assert found == {"127.0.0.1"} | {a["address"] for a in bed.addresses("b")}
     done = cli("bench", "testbed", "exec", "--prefix", "mctt", "--bind", "d", "--",
-               "sh", "-c", "echo $MOONCAKE_TESTBED_HOST $MOONCAKE_TRANSFER_HOST")
-    assert done.stdout.split() == ["d", bed.address("d")]
+               "sh", "-c", "echo $MOONCAKE_TESTBED_HOST $MOONCAKE_TRANSFER_HOST "
+               "$MOONCAKE_TRANSFER_TRANSPORT")
+    assert done.stdout.split() == ["d", bed.address("d"), "tcp"]  # never shm between hosts
 
 
 def test_status_lists_each_hosts_addresses_and_rates(bed: Testbed) -> None:

@@ -107,9 +107,13 @@ def status(prefix: str) -> dict[str, Any]:
 def exec_argv(bed: Testbed, host: str, argv: list[str],
               bind: bool = False) -> tuple[list[str], dict[str, str]]:
     """The argv (`ip netns exec NS env ... CMD`) and extra environment that run `argv` in
-    `host`'s namespace; `bind` also points the transfer engine's listener at its address."""
+    `host`'s namespace; `bind` also points the transfer engine's listener at its address.
+    The transfer engine is held to tcp: processes in two namespaces share this machine's boot
+    id and /dev/shm, so `auto` would pick shared memory between testbed hosts and bypass the
+    shaped links."""
     ns = bed.netns(host)
-    env = {"MOONCAKE_TESTBED_HOST": host, "MOONCAKE_TESTBED_ADDR": bed.address(host)}
+    env = {"MOONCAKE_TESTBED_HOST": host, "MOONCAKE_TESTBED_ADDR": bed.address(host),
+           "MOONCAKE_TRANSFER_TRANSPORT": "tcp"}
     if bind:
         env["MOONCAKE_TRANSFER_HOST"] = env["MOONCAKE_TESTBED_ADDR"]
     return ["ip", "netns", "exec", ns, *argv], env
