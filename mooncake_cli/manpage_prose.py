@@ -175,8 +175,12 @@ PROSE: dict[str, dict[str, Any]] = {
             "chunk, puts each new full block into the store, and writes the KV into the "
             "chosen decode worker's cache through the transfer engine while it computes. It "
             "answers with the first token and a timing breakdown (queue, load, compute, "
-            "store, transfer). It serves /health, /metrics and /v1/load, registers with a "
-            "conductor when given --conductor, and on Ctrl-C finishes what is in flight.",
+            "store, transfer). A request waiting behind others, or one the conductor names "
+            "in POST /v1/prefetch while it waits in the conductor's queue, has its stored "
+            "prefix pulled into this worker's own segment meanwhile (cancelled by POST "
+            "/v1/prefetch/cancel), so its prefill reads it locally. It serves /health, "
+            "/metrics and /v1/load, registers with a conductor when given --conductor, and on "
+            "Ctrl-C finishes what is in flight.",
         ],
         "examples": [
             ("A prefill worker of the demo model, using a store master:",
