@@ -8,6 +8,7 @@ does computed from scratch."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import sys
@@ -124,3 +125,53 @@ def test_a_waiting_request_has_its_prefix_prefetched(cluster: dict[str, Any]) ->
         b.metrics.get("prefetched_blocks")
     again = complete(svc.url, first)  # b holds the prefix now: nothing to prefetch
     assert again.json()["choices"][0]["text"] == answers["first"].json()["choices"][0]["text"]
+
+
+def test_an_instance_without_the_route_is_not_asked_again() -> None:
+    """An engine without prefetch (a vLLM role answers 404) is asked once; a cancel goes only
+    where an order went."""
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from mooncake_cli.asgi import Server, edge_app
+    from mooncake_cli.conductor.estimate import Candidate
+    from mooncake_cli.conductor.live_metrics import ConductorMetrics
+    from mooncake_cli.conductor.prefetch import Prefetches
+    from mooncake_cli.conductor.state import Request as Sched
+    from mooncake_cli.jsonhttp import AsyncPeer
+
+    seen: list[str] = []
+
+    async def missing(request: HttpRequest) -> JSONResponse:
+        seen.append(request.url.path)
+        return JSONResponse({"error": {"message": "not found"}}, 404)
+
+    server = Server(edge_app([Route("/v1/prefetch", missing, methods=["POST"]),
+                              Route("/v1/prefetch/cancel", missing, methods=["POST"])]),
+                    "127.0.0.1", 0, "no-prefetch").start()
+    chosen = Candidate("v", 0.0, 0, 4, "(store)", 0.1, 0.2, 0.3)
+
+    async def run() -> None:
+        peer = AsyncPeer()
+        metrics = ConductorMetrics()
+        orders = Prefetches(metrics, lambda name: f"http://127.0.0.1:{server.port}",
+                            lambda url, body: peer.call(url, body))
+        try:
+            assert orders.waiting(chosen, Sched("r1", 80, 1, [], list(range(80)))) is not None
+            await orders.settled()
+            assert orders.waiting(chosen, Sched("r2", 80, 1, [], list(range(80)))) is None
+            orders.left("r2")  # never ordered: nothing to cancel
+            orders.left("r1")
+            await orders.settled()
+            assert metrics.counters["prefetch_requests_total"] == 1
+            assert metrics.counters["prefetch_cancelled_total"] == 1
+        finally:
+            await orders.close()
+            await peer.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.close()
+    assert seen == ["/v1/prefetch", "/v1/prefetch/cancel"]

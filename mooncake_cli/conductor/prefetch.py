@@ -110,6 +110,10 @@ class Prefetches:
         elif ans.status != 200:
             log.info("%s on %s answered %d", path, order.instance, ans.status)
 
+    async def settled(self) -> None:
+        """Once every call to the workers under way has ended."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
