@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 TB = [sys.executable, "-m", "mooncake_cli", "bench", "testbed"]
 A, B = "10.77.0.1", "10.77.0.2"
 MODEL = ["--model", "smollm2-135m", "--dtype", "bfloat16", "--block-size", "16", "--threads", "1"]
-FILLERS = 6
+FILLERS = 12
 
 
 def _exec(host: str, *cmd: str) -> subprocess.Popen[bytes]:
@@ -197,7 +197,7 @@ def main() -> None:
                                "--kv-events", f"tcp://{A}:5557", "--promotion-on-hit", "false"))
             _ready(store[0])
             store.append(_exec("a", "store", "serve", "--master", f"{A}:50051", "--host", A,
-                               "--segment-size", "128MiB", "--ssd-dir", str(tmp / "ssd"),
+                               "--segment-size", "256MiB", "--ssd-dir", str(tmp / "ssd"),
                                "--ssd-size", "2GiB"))
             _ready(store[1])
             seeder = _exec("a", "prefill", *MODEL, "--listen", f"{A}:9300", "--store",

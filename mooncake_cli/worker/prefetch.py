@@ -3,7 +3,8 @@ worker's own queue behind other requests), pull the stored leading blocks of its
 this worker's own segment does not hold -- from other hosts' DRAM or SSD segments -- into its own
 segment, as replicas. The prefill then reads them with a local copy instead of a transfer.
 
-One thread pulls, `chunk` blocks at a time, one request after another in arrival order. A
+One thread pulls, a chunk of about `chunk_bytes` at a time (one store lookup, one batch of
+reads, one replica add), one request after another in arrival order. A
 prefetch stops between two chunks when it is cancelled (its request left the queue) or claimed
 (its prefill begins: the blocks not pulled yet are read by the prefill itself, and the claim
 waits for the chunk in flight so that no block is read twice). Prefetches nobody claims expire
@@ -58,11 +59,12 @@ class Pull:
 class Prefetcher:
     """The prefetches of one prefill worker (thread-safe)."""
 
-    def __init__(self, prefix: PrefixStore, metrics: WorkerMetrics, chunk: int = 4,
+    def __init__(self, prefix: PrefixStore, metrics: WorkerMetrics, chunk_bytes: int = 4 << 20,
                  limit: int = 256, ttl: float = 120.0) -> None:
         self.prefix = prefix
         self.metrics = metrics
-        self.chunk, self.limit, self.ttl = chunk, limit, ttl
+        self.chunk = max(1, chunk_bytes // max(1, prefix.wire.object_bytes))
+        self.limit, self.ttl = limit, ttl
         self._lock = threading.Lock()
         self._pulls: dict[str, Pull] = {}
         self._gate = threading.Lock()  # held by a chunk, or by a prefill's load
