@@ -10,7 +10,8 @@ worker and a conductor following the store's events, with --prefetch or --no-pre
 OpenAI API; TTFT is the time to the first streamed token. The prefill worker runs one request
 at a time; the others wait in its queue, and with prefetch it pulls their prefixes meanwhile.
 The two modes alternate over --rounds rounds (each run its own prefixes). One JSON line per
-run, then a summary: mean TTFT per mode and their ratio.
+run, then a summary: per mode the mean TTFT and the mean time the queued requests' first tokens came
+after the first request's (the wait the requests ahead cost them), and their cuts.
 
     python3 scripts/prefetch_testbed.py --rate 1gbit --requests 12 --prefix 1024 --rounds 2
 """
@@ -73,6 +74,13 @@ def prefix(i: int, n: int) -> list[int]:
 
 def suffix(i: int, n: int) -> list[int]:
     return [(i * 131 + j * 17 + 5) % 40000 + 100 for j in range(n)]
+
+
+def behind_first(ttfts: list[float]) -> float:
+    """The mean time the queued requests' first tokens came after the first request's: the
+    wait the requests ahead of them cost."""
+    first = min(ttfts)
+    return statistics.mean(t - first for t in ttfts if t is not first) if len(ttfts) > 1 else 0.0
 
 
 def _in(host: str, *args: str) -> dict[str, Any]:
@@ -138,6 +146,7 @@ def client(args: argparse.Namespace) -> None:
     times = sorted(ttft.values())
     print(json.dumps({
         "ttft_mean_s": statistics.mean(times), "ttft_median_s": statistics.median(times),
+        "behind_first_mean_s": behind_first(times),
         "ttft_p90_s": times[int(0.9 * (len(times) - 1))], "ttft_s": times,
         "prefetched_blocks": metric(worker, "mooncake_worker_prefetched_blocks_total"),
         "prefix_hit_tokens": metric(conductor, "mooncake_conductor_prefix_hit_tokens_total"),
@@ -214,20 +223,27 @@ def main() -> None:
             tiers = {t["tier"]: t["objects"] for t in json.loads(stat.stdout)["tiers"]} \
                 if stat.returncode == 0 else {}
             means: dict[str, list[float]] = {"prefetch": [], "no-prefetch": []}
+            behind: dict[str, list[float]] = {"prefetch": [], "no-prefetch": []}
             for r in range(args.rounds):  # alternating, so that load drifts hit both alike
                 modes = ("prefetch", "no-prefetch") if r % 2 == 0 else ("no-prefetch",
                                                                          "prefetch")
                 for n, mode in enumerate(modes):
                     rep = run_mode(args, mode, (2 * r + n) * args.requests, tmp)
                     means[mode].append(rep["ttft_mean_s"])
+                    behind[mode].append(rep["behind_first_mean_s"])
                     print(json.dumps({**rep, "round": r, "seeded_blocks":
                                       seeded["stored_blocks"], "objects_by_tier": tiers,
                                       "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                                       "load_average": os.getloadavg()}), flush=True)
             on, off = statistics.mean(means["prefetch"]), statistics.mean(means["no-prefetch"])
+            w_on = statistics.mean(behind["prefetch"])
+            w_off = statistics.mean(behind["no-prefetch"])
             print(json.dumps({"summary": True, "rate": args.rate, "rounds": args.rounds,
                               "ttft_mean_prefetch_s": on, "ttft_mean_no_prefetch_s": off,
-                              "ratio": on / off, "cut": 1 - on / off}), flush=True)
+                              "ratio": on / off, "cut": 1 - on / off,
+                              "behind_first_prefetch_s": w_on,
+                              "behind_first_no_prefetch_s": w_off,
+                              "behind_first_cut": 1 - w_on / w_off}), flush=True)
     finally:
         _stop(store)
         subprocess.run([*TB, "down", "--prefix", "pft"], stdout=subprocess.DEVNULL)
