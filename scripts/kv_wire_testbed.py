@@ -21,31 +21,16 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mooncake_cli.testbed import roles
+
 REPO = Path(__file__).resolve().parents[1]
 TB = [sys.executable, "-m", "mooncake_cli", "bench", "testbed"]
+spawn = partial(roles.spawn, "kvw")  # a mooncake role in a host of this testbed
 A, B = "10.77.0.1", "10.77.0.2"
-
-
-def _exec(host: str, *cmd: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([*TB, "exec", "--prefix", "kvw", "--bind", host, "--",
-                             sys.executable, "-m", "mooncake_cli", "--json", *cmd],
-                            stdout=subprocess.PIPE, cwd=REPO)
-
-
-def _ready(p: subprocess.Popen[bytes], timeout: float = 300) -> dict[str, Any]:
-    assert p.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            raise RuntimeError(f"exited with {p.wait()}")
-        ev = json.loads(line)
-        if ev.get("event") == "ready" or "address" in ev:
-            return dict(ev)
-    raise TimeoutError("not ready")
 
 
 def client(args: argparse.Namespace) -> None:
@@ -95,15 +80,15 @@ def main() -> None:
         for wire in args.wires.split(","):
             common = ["--model", "smollm2-135m", "--dtype", "bfloat16", "--kv-wire", wire,
                       "--kv-blocks", "256", "--threads", "1"]
-            procs = [_exec("a", "store", "master", "--host", A, "--port", "50051")]
+            procs = [spawn("a", "store", "master", "--host", A, "--port", "50051")]
             try:
-                _ready(procs[0])
-                procs.append(_exec("a", "prefill", *common, "--listen", f"{A}:9100",
+                roles.ready(procs[0])
+                procs.append(spawn("a", "prefill", *common, "--listen", f"{A}:9100",
                                    "--store", f"{A}:50051", "--segment-size", "2GiB"))
-                procs.append(_exec("b", "decode", *common, "--listen", f"{B}:9200",
+                procs.append(spawn("b", "decode", *common, "--listen", f"{B}:9200",
                                    "--kv-blocks", "1024"))  # a requester may hold half
                 for p in procs[1:]:
-                    _ready(p)
+                    roles.ready(p)
                 out = subprocess.run([*TB, "exec", "--prefix", "kvw", "a", "--", sys.executable,
                                       __file__, "--client", "--prompts", str(args.prompts),
                                       "--tokens", str(args.tokens)],

@@ -28,43 +28,18 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mooncake_cli.testbed import roles
+
 REPO = Path(__file__).resolve().parents[1]
 TB = [sys.executable, "-m", "mooncake_cli", "bench", "testbed"]
+spawn = partial(roles.spawn, "pft")  # a mooncake role in a host of this testbed
 A, B = "10.77.0.1", "10.77.0.2"
 MODEL = ["--model", "smollm2-135m", "--dtype", "bfloat16", "--block-size", "16", "--threads", "1"]
 FILLERS = 12
-
-
-def _exec(host: str, *cmd: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([*TB, "exec", "--prefix", "pft", "--bind", host, "--",
-                             sys.executable, "-m", "mooncake_cli", "--json", *cmd],
-                            stdout=subprocess.PIPE, cwd=REPO)
-
-
-def _ready(p: subprocess.Popen[bytes], timeout: float = 300) -> dict[str, Any]:
-    assert p.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            raise RuntimeError(f"exited with {p.wait()}")
-        ev = json.loads(line)
-        if ev.get("event") in ("ready", "serving") or "address" in ev:
-            return dict(ev)
-    raise TimeoutError("not ready")
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in reversed(procs):
-        p.terminate()
-        try:
-            p.wait(60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def prefix(i: int, n: int) -> list[int]:
@@ -154,22 +129,22 @@ def client(args: argparse.Namespace) -> None:
 
 
 def run_mode(args: argparse.Namespace, mode: str, first: int, tmp: Path) -> dict[str, Any]:
-    procs = [_exec("b", "prefill", *MODEL, "--listen", f"{B}:9100", "--store", f"{A}:50051",
+    procs = [spawn("b", "prefill", *MODEL, "--listen", f"{B}:9100", "--store", f"{A}:50051",
                    "--segment-size", "2GiB", "--kv-blocks", "256"),
-             _exec("b", "decode", *MODEL, "--listen", f"{B}:9200", "--kv-blocks", "2048")]
+             spawn("b", "decode", *MODEL, "--listen", f"{B}:9200", "--kv-blocks", "2048")]
     try:
         for p in procs:
-            _ready(p)
-        procs.append(_exec("b", "conductor", "start", *MODEL[:6], "--host", B, "--port",
+            roles.ready(p)
+        procs.append(spawn("b", "conductor", "start", *MODEL[:6], "--host", B, "--port",
                            "8000", "--prefill", f"http://{B}:9100", "--decode",
                            f"http://{B}:9200", "--store-events", f"tcp://{A}:5557",
                            "--explain", str(tmp / f"explain-{first}.jsonl"),
                            "--prefetch" if mode == "prefetch" else "--no-prefetch"))
-        _ready(procs[-1])
+        roles.ready(procs[-1])
         rep = _in("b", "--client", "--requests", str(args.requests), "--prefix",
                   str(args.prefix), "--suffix", str(args.suffix), "--first", str(first))
     finally:
-        _stop(procs)
+        roles.stop(procs)
     explained = [json.loads(line) for line in (tmp / f"explain-{first}.jsonl").read_text()
                  .splitlines()]
     rep["decisions"] = {"fetch": sum(1 for r in explained if r["prefill"]["fetch_blocks"]),
@@ -202,21 +177,21 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="mooncake-pft-") as d:
             tmp = Path(d)
-            store.append(_exec("a", "store", "master", "--host", A, "--port", "50051",
+            store.append(spawn("a", "store", "master", "--host", A, "--port", "50051",
                                "--kv-events", f"tcp://{A}:5557", "--promotion-on-hit", "false"))
-            _ready(store[0])
-            store.append(_exec("a", "store", "serve", "--master", f"{A}:50051", "--host", A,
+            roles.ready(store[0])
+            store.append(spawn("a", "store", "serve", "--master", f"{A}:50051", "--host", A,
                                "--segment-size", "256MiB", "--ssd-dir", str(tmp / "ssd"),
                                "--ssd-size", "2GiB"))
-            _ready(store[1])
-            seeder = _exec("a", "prefill", *MODEL, "--listen", f"{A}:9300", "--store",
+            roles.ready(store[1])
+            seeder = spawn("a", "prefill", *MODEL, "--listen", f"{A}:9300", "--store",
                            f"{A}:50051", "--segment-size", "0", "--kv-blocks", "256")
             try:
-                _ready(seeder)
+                roles.ready(seeder)
                 seeded = _in("a", "--seed", "--requests", str(args.requests), "--prefix",
                              str(args.prefix), "--rounds", str(args.rounds))
             finally:
-                _stop([seeder])
+                roles.stop([seeder])
             stat = subprocess.run([*TB, "exec", "--prefix", "pft", "a", "--", sys.executable,
                                    "-m", "mooncake_cli", "--json", "store", "stat", "--master",
                                    f"{A}:50051"], capture_output=True, text=True, cwd=REPO)
@@ -245,7 +220,7 @@ def main() -> None:
                               "behind_first_no_prefetch_s": w_off,
                               "behind_first_cut": 1 - w_on / w_off}), flush=True)
     finally:
-        _stop(store)
+        roles.stop(store)
         subprocess.run([*TB, "down", "--prefix", "pft"], stdout=subprocess.DEVNULL)
 
 
