@@ -30,7 +30,6 @@ from mooncake_cli.auth import Signer
 from mooncake_cli.conductor import answers
 from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.decoding import Decoding, Placed
-from mooncake_cli.conductor.estimate import Candidate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.pipelines import Pipelines
@@ -145,17 +144,13 @@ class Conductor:
         def decide(t: Ticket) -> Decision:
             d = self.bookings.decide(sreq, param, t.explain())
             if d.waiting:
-                prefetch(t, d.placement.chosen)
+                t.prefetch = self.prefetches.waiting(d.placement.chosen, sreq, t.prefetch)
             return d
 
         def joined(t: Ticket) -> None:  # behind others: where it would go now
             chosen = self.bookings.peek(sreq) if self.prefetches.enabled else None
             if chosen is not None:
-                prefetch(t, chosen)
-
-        def prefetch(t: Ticket, chosen: Candidate) -> None:
-            if order := self.prefetches.waiting(chosen, sreq):
-                t.prefetch = order.explain("queue")
+                t.prefetch = self.prefetches.waiting(chosen, sreq, t.prefetch)
 
         while attempt <= self.retries:
             try:

@@ -57,25 +57,27 @@ class Prefetches:
         self._without: set[str] = set()  # instances that have no prefetch route
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def waiting(self, chosen: Candidate, sreq: Request) -> Order | None:
+    def waiting(self, chosen: Candidate, sreq: Request,
+                noted: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """`sreq` waits in the queue and would go to `chosen` now: order its prefetch there
-        (once per request); the order, or None when there is nothing worth pulling."""
+        (once per request). What explain records of its order (`noted`, the record so far,
+        when there is none now)."""
         rid = sreq.id
         if rid in self._orders:
-            return self._orders[rid]
+            return self._orders[rid].explain("queue")
         blocks = worth(chosen)
         if not self.enabled or not blocks or sreq.tokens is None or \
                 chosen.instance in self._without:
-            return None
+            return noted
         try:
             url = self._url(chosen.instance)
         except KeyError:
-            return None
+            return noted
         order = self._orders[rid] = Order(chosen.instance, url, blocks)
         self.metrics.add("prefetch_requests_total")
         body = roles.PrefetchRequest(request_id=rid, token_ids=list(sreq.tokens))
         self._spawn(self._ask(order, "/v1/prefetch", body.model_dump_json().encode()))
-        return order
+        return order.explain("queue")
 
     def placed(self, rid: str, instance: str) -> None:
         """`rid` left the queue for `instance`: an order elsewhere is cancelled."""
