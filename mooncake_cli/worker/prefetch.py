@@ -4,14 +4,14 @@ this worker's own segment does not hold -- from other hosts' DRAM or SSD segment
 segment, as replicas. The prefill then reads them with a local copy instead of a transfer.
 
 One thread pulls, a chunk of about `chunk_bytes` at a time (one store lookup, one batch of
-reads, one replica add), one request after another in arrival order. A
-prefetch stops between two chunks when it is cancelled (its request left the queue) or claimed
-(its prefill begins: the blocks not pulled yet are read by the prefill itself, and the claim
-waits for the chunk in flight so that no block is read twice). Prefetches nobody claims expire
-after `ttl` seconds; at most `limit` wait at once (more are refused, never queued unbounded).
-Blocks already held here, in either tier, are left where they are. A prefill's own load of its
-prefix goes first: chunks wait while one runs (`loading`), so that the link serves the request
-at the head, and the reads the prefill reports are its own.
+reads, one replica add), one request after another in arrival order. A prefetch stops between
+two chunks when it is cancelled (its request left the queue) or claimed (its prefill begins: the
+blocks not pulled yet are read by the prefill itself, and the claim waits for the chunk in
+flight so that no block is read twice). A prefetch nobody claimed is stopped and dropped when
+the next one starts `ttl` seconds or more after it; at most `limit` wait at once (more are
+refused, never queued unbounded). Blocks already held here, in either tier, are left where they
+are. A prefill's own load of its prefix goes first: chunks wait while one runs (`loading`), so
+that the link serves the request at the head, and the reads the prefill reports are its own.
 """
 
 from __future__ import annotations
