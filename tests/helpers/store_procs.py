@@ -25,9 +25,12 @@ def _env() -> dict[str, str]:
 
 
 class Proc:
-    def __init__(self, cmd: list[str]) -> None:
+    """`cmd` started with a clean environment (plus `env`), ready once it says so; `ask` sends
+    one JSON command on stdin and reads the JSON line that answers it."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     cwd=REPO, env=_env())
+                                     cwd=REPO, env={**_env(), **(env or {})})
         self.ready = read_line(self.proc)
         assert self.ready.get("event") == "ready", self.ready
 
