@@ -89,13 +89,8 @@ def main() -> None:
                                    "--kv-blocks", "1024"))  # a requester may hold half
                 for p in procs[1:]:
                     roles.ready(p)
-                out = subprocess.run([*TB, "exec", "--prefix", "kvw", "a", "--", sys.executable,
-                                      __file__, "--client", "--prompts", str(args.prompts),
-                                      "--tokens", str(args.tokens)],
-                                     capture_output=True, text=True, cwd=REPO)
-                if out.returncode:
-                    raise RuntimeError(f"the client failed: {out.stderr[-2000:]}")
-                rep = json.loads(out.stdout.strip().splitlines()[-1])
+                rep = roles.run("kvw", "a", sys.executable, __file__, "--client", "--prompts",
+                                str(args.prompts), "--tokens", str(args.tokens))
                 print(json.dumps({"wire": wire, "rate": args.rate, "utc": time.strftime(
                     "%Y-%m-%d %H:%M:%S", time.gmtime()), "load_average": os.getloadavg(),
                                   **rep}), flush=True)

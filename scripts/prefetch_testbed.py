@@ -34,7 +34,6 @@ from typing import Any
 
 from mooncake_cli.testbed import roles
 
-REPO = Path(__file__).resolve().parents[1]
 TB = [sys.executable, "-m", "mooncake_cli", "bench", "testbed"]
 spawn = partial(roles.spawn, "pft")  # a mooncake role in a host of this testbed
 A, B = "10.77.0.1", "10.77.0.2"
@@ -59,11 +58,8 @@ def behind_first(ttfts: list[float]) -> float:
 
 
 def _in(host: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([*TB, "exec", "--prefix", "pft", host, "--", sys.executable, __file__,
-                          *args], capture_output=True, text=True, cwd=REPO)
-    if out.returncode:
-        raise RuntimeError(f"{args[0]} failed: {out.stderr[-3000:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    """This script, run with `args` in `host`: its last JSON line."""
+    return roles.run("pft", host, sys.executable, __file__, *args)
 
 
 def seed(args: argparse.Namespace) -> None:
@@ -192,11 +188,9 @@ def main() -> None:
                              str(args.prefix), "--rounds", str(args.rounds))
             finally:
                 roles.stop([seeder])
-            stat = subprocess.run([*TB, "exec", "--prefix", "pft", "a", "--", sys.executable,
-                                   "-m", "mooncake_cli", "--json", "store", "stat", "--master",
-                                   f"{A}:50051"], capture_output=True, text=True, cwd=REPO)
-            tiers = {t["tier"]: t["objects"] for t in json.loads(stat.stdout)["tiers"]} \
-                if stat.returncode == 0 else {}
+            stat = roles.run("pft", "a", sys.executable, "-m", "mooncake_cli", "--json",
+                             "store", "stat", "--master", f"{A}:50051")
+            tiers = {t["tier"]: t["objects"] for t in stat["tiers"]}
             means: dict[str, list[float]] = {"prefetch": [], "no-prefetch": []}
             behind: dict[str, list[float]] = {"prefetch": [], "no-prefetch": []}
             for r in range(args.rounds):  # alternating, so that load drifts hit both alike

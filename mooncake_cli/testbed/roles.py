@@ -3,6 +3,7 @@
     p = spawn("pft", "a", "store", "master", "--host", "10.77.0.1", "--port", "50051")
     ready(p)              # its ready (or serving) line, as a dict
     stop([p])             # SIGTERM, then SIGKILL after a minute
+    run("pft", "b", sys.executable, "client.py")  # a command's last JSON line, once it ends
 
 Each runs as `mooncake bench testbed exec --prefix PREFIX --bind HOST -- mooncake --json ...`:
 in the host's namespace, its transfer engine listening on the host's address, over tcp.
@@ -40,6 +41,16 @@ def ready(p: subprocess.Popen[bytes], timeout: float = 300) -> dict[str, Any]:
         if ev.get("event") in ("ready", "serving") or "address" in ev:
             return dict(ev)
     raise TimeoutError("not ready")
+
+
+def run(prefix: str, host: str, *argv: str) -> dict[str, Any]:
+    """Run `argv` in `host` until it ends; the last line it printed, a JSON object
+    (RuntimeError with the end of its stderr when it fails)."""
+    done = subprocess.run([*TESTBED, "exec", "--prefix", prefix, host, "--", *argv],
+                          capture_output=True, text=True, cwd=REPO)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(argv[:3])} failed in {host}: {done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
