@@ -19,7 +19,6 @@ from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.online_cost import OnlineCostModel
-from mooncake_cli.conductor.prefetch import worth
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.interfaces import ConfigError
@@ -206,8 +205,9 @@ class Bookings:
         if queue is not None and "prefetch" in queue:
             return dict(queue.pop("prefetch"))
         chosen = decision.placement.chosen
-        if self.prefetch and chosen.queue_s > 0 and worth(chosen):
-            return {"instance": chosen.instance, "blocks": worth(chosen), "reason": "busy"}
+        if self.prefetch and chosen.queue_s > 0 and chosen.remote_blocks:
+            return {"instance": chosen.instance, "blocks": chosen.remote_blocks,
+                    "reason": "busy"}
         return None
 
     def close(self) -> None:

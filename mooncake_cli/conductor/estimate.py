@@ -47,6 +47,11 @@ class Candidate:
         """Blocks the prefill will reuse: fetched or local."""
         return max(self.fetch_blocks, self.local_blocks)
 
+    @property
+    def remote_blocks(self) -> int:
+        """Blocks the prefill will read from other segments (0: it reuses only its own)."""
+        return max(0, self.fetch_blocks - self.local_blocks)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("queue_s", "transfer_s", "prefill_s", "ttft_s"):

@@ -252,7 +252,7 @@ class Conductor:
         body = roles.PrefillRequest(
             request_id=rid, token_ids=ids, decode=durl, sampling=req.sampling,
             # reuse only what the instance holds, unless the policy chose to fetch
-            reuse="any" if anywhere or chosen.fetch_blocks > chosen.local_blocks else "local",
+            reuse="any" if anywhere or chosen.remote_blocks else "local",
             pipeline=self.pipelines.request(chosen), prefetch=self.prefetches.enabled)
         try:
             ans = await self.peer.call(purl + "/v1/prefill", body.model_dump_json().encode(),

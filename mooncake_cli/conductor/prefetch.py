@@ -29,11 +29,6 @@ log = logging.getLogger(__name__)
 Post = Callable[[str, bytes], Awaitable[Any]]  # (url, body) -> an answer with .status
 
 
-def worth(chosen: Candidate) -> int:
-    """The blocks `chosen` would read from other segments (0: nothing to prefetch)."""
-    return max(0, chosen.fetch_blocks - chosen.local_blocks)
-
-
 @dataclass
 class Order:
     instance: str
@@ -65,7 +60,7 @@ class Prefetches:
         rid = sreq.id
         if rid in self._orders:
             return self._orders[rid].explain("queue")
-        blocks = worth(chosen)
+        blocks = chosen.remote_blocks
         if not self.enabled or not blocks or sreq.tokens is None or \
                 chosen.instance in self._without:
             return noted
