@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from mooncake_cli import jsonhttp
-from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.interfaces import ConfigError
 from tests.conftest import free_port, wait_for
 from tests.helpers.prom import helps, value
@@ -160,7 +160,7 @@ def test_decode_side_failures_reroute_400_or_wait() -> None:
     """A dead decode worker is marked and the request placed on another; a request that can
     never fit the decode worker's cache (the conductor's view of it being wrong) is 400
     context_length_exceeded; one that fits but finds the cache held by others waits for it."""
-    from mooncake_cli.worker.config import WorkerConfig
+    from mooncake_cli.config.worker import WorkerConfig
     from mooncake_cli.worker.decode import DecodeWorker
     from mooncake_cli.worker.prefill import PrefillWorker
 

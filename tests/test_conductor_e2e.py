@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from mooncake_cli import jsonhttp
-from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.config.conductor import ConductorConfig
 from tests.helpers.prom import value
 from tests.helpers.store_procs import start_master
 from tests.helpers.tiny_models import write_model

@@ -20,8 +20,8 @@ from starlette.routing import Route
 
 from mooncake_cli import jsonhttp
 from mooncake_cli.asgi import Server, body, edge_app, sse
-from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.config.conductor import ConductorConfig
 from tests.conftest import free_port
 from tests.helpers.prom import value
 

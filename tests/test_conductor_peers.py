@@ -226,7 +226,7 @@ def test_a_conductor_killed_under_load(workers: dict[str, Any]) -> None:
 
 
 def test_bad_peer_urls() -> None:
-    from mooncake_cli.conductor.config import ConductorConfig
+    from mooncake_cli.config.conductor import ConductorConfig
     from mooncake_cli.interfaces import ConfigError
 
     with pytest.raises(ConfigError, match="etcd://"):

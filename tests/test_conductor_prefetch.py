@@ -21,10 +21,10 @@ import httpx
 import pytest
 
 from mooncake_cli import jsonhttp
-from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.kvkeys import block_keys
-from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.prefill import PrefillWorker
 from tests.conftest import wait_for

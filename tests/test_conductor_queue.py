@@ -17,10 +17,10 @@ import openai
 import pytest
 
 from mooncake_cli import jsonhttp
-from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.local_cluster import LocalCluster
 from mooncake_cli.conductor.service import ConductorService
-from mooncake_cli.worker.config import WorkerConfig
+from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.config.worker import WorkerConfig
 from tests.conftest import free_port, wait_for
 from tests.helpers.prom import value
 

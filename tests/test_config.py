@@ -214,9 +214,9 @@ def test_every_role_has_its_own_variables() -> None:
     """Set every role's variables at once: none leaks into another (MOONCAKE_PREFILL was the
     conductor's URLs and the simulator's instance count at the same time)."""
     from mooncake_cli.bench.sim_config import SimConfig
-    from mooncake_cli.conductor.config import ConductorConfig
-    from mooncake_cli.store.config import StoreConfig
-    from mooncake_cli.worker.config import WorkerConfig
+    from mooncake_cli.config.conductor import ConductorConfig
+    from mooncake_cli.config.store import StoreConfig
+    from mooncake_cli.config.worker import WorkerConfig
 
     env = {"MOONCAKE_CONDUCTOR_PORT": "8001", "MOONCAKE_CONDUCTOR_PREFILL": "http://p:1,p:2",
            "MOONCAKE_CONDUCTOR_BLOCK_SIZE": "32", "MOONCAKE_BENCH_TRACE_PREFILL": "3",
@@ -244,11 +244,11 @@ def test_a_renamed_table_is_named(tmp_path: Path) -> None:
 
 
 def test_flag_help_is_the_field_description() -> None:
-    from mooncake_cli.conductor.config import ConductorConfig
     from mooncake_cli.config import help_of
+    from mooncake_cli.config.conductor import ConductorConfig
 
     assert help_of(ConductorConfig, "port") == "HTTP port (0: any free) [default: 8000]."
     assert help_of(ConductorConfig, "policy").startswith("random, round-robin")
     assert "[default: 256MiB]" in help_of(
-        __import__("mooncake_cli.worker.config", fromlist=["WorkerConfig"]).WorkerConfig,
+        __import__("mooncake_cli.config.worker", fromlist=["WorkerConfig"]).WorkerConfig,
         "segment_size")

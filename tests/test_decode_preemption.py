@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from mooncake_cli.store.config import StoreConfig
+from mooncake_cli.config.store import StoreConfig
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.store.service import MasterService, master_from
-from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.prefill import PrefillWorker
 from tests.helpers.smollm import NAME, gguf_path

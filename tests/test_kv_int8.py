@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from mooncake_cli.config import ConfigError
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.engine import KVCache, ModelRunner, load_model
 from mooncake_cli.engine.kv_int8 import dequantize, error_bound, quantize, wire_bytes
 from mooncake_cli.kvkeys import KVNamespace, block_keys, fits, parse_key, wire_namespace
-from mooncake_cli.worker.config import WorkerConfig
 from tests.helpers.smollm import NAME, long_text
 
 pytestmark = pytest.mark.timeout(120)

@@ -27,10 +27,10 @@ import zmq
 
 from mooncake_cli import jsonhttp
 from mooncake_cli.auth import Signer, sign_record
-from mooncake_cli.conductor.config import ConductorConfig
+from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.store.wire import protocol
 from mooncake_cli.store.wire.rpc import MasterConnection
-from mooncake_cli.worker.config import WorkerConfig
 from tests.conftest import wait_for
 from tests.helpers.procs import jsonl
 from tests.helpers.sockets import wait_hung_up, wait_read

@@ -20,11 +20,11 @@ import zmq
 from mooncake_cli.compat.store import MooncakeDistributedStore
 from mooncake_cli.compat.store import ReplicateConfig as CompatConfig
 from mooncake_cli.config import TransferConfig, load
+from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store import ReplicateConfig, Segment, StoreError, StoreMaster
 from mooncake_cli.store.client import StoreClient
-from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.ha.election import HaMaster
 from mooncake_cli.store.ha.leader import NOT_LEADER, HaAddress, LeaderInfo, LeaderResolver
 from mooncake_cli.store.service import MasterService

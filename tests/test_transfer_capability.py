@@ -180,8 +180,8 @@ def test_unused_reservations_are_bounded_per_requester_and_expire(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Reserving every block and never writing: one requester holds at most half the pool in
     unused reservations, and those are freed after UNUSED_TTL (here 1 s, 30 s by default)."""
+    from mooncake_cli.config.worker import WorkerConfig
     from mooncake_cli.worker import kvgrant
-    from mooncake_cli.worker.config import WorkerConfig
     from mooncake_cli.worker.decode import DecodeWorker
 
     monkeypatch.setattr(kvgrant, "UNUSED_TTL", 1.0)

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mooncake_cli.app import app
-from mooncake_cli.worker.config import WorkerConfig
+from mooncake_cli.config.worker import WorkerConfig
 
 runner = CliRunner()
 

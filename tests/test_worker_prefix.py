@@ -16,11 +16,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from mooncake_cli.asgi import Server, body, edge_app
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.jsonhttp import call
 from mooncake_cli.kvkeys import block_keys
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.service import MasterService
-from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.prefill import PrefillWorker
 from tests.conftest import free_port
 

@@ -25,12 +25,12 @@ import torch
 
 from mooncake_cli.bench.stats import Child
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.engine.loader import resolve_dtype
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.jsonhttp import call, events
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.service import MasterService
-from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.prefill import PrefillWorker
 
 ALONE = 2  # requests generated one after another in each round of figure 2

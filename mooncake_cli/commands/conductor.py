@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from mooncake_cli.commands import common as c
-from mooncake_cli.conductor.config import PIPELINE, ConductorConfig
 from mooncake_cli.config import help_of, load
+from mooncake_cli.config.conductor import PIPELINE, ConductorConfig
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 
@@ -80,7 +80,7 @@ def start(
 ) -> None:
     """Serve the OpenAI API and route each request to the best prefill/decode pair."""
     from mooncake_cli.conductor.service import ConductorService
-    from mooncake_cli.worker.config import WorkerConfig
+    from mooncake_cli.config.worker import WorkerConfig
 
     if TYPE_CHECKING:
         from mooncake_cli.conductor.local_cluster import LocalCluster

@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from mooncake_cli.config import TransferConfig, load, parse_size, read_toml
+from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.doctor import GROUP_NAMES, DoctorConfig, DoctorFailed, Status
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, table
-from mooncake_cli.store.config import StoreConfig
 
 GROUP = typer.Option(None, "--group",
                      help=f"Only this check group (repeatable): {', '.join(GROUP_NAMES)}.")

@@ -14,12 +14,12 @@ from mooncake_cli.auth import require_secret, resolve_secret
 from mooncake_cli.commands import common as c
 from mooncake_cli.commands.store_node import serve_ready
 from mooncake_cli.config import human_size, load
+from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.heap import tune_heap
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, table
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient
-from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import ObjectNotFound
 from mooncake_cli.store.ha.election import HaMaster
 from mooncake_cli.store.ha.leader import LeaderInfo

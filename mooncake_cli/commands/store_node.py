@@ -7,8 +7,8 @@ from typing import Any
 from rich.markup import escape
 
 from mooncake_cli.config import human_size
+from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.store.client import StoreClient
-from mooncake_cli.store.config import StoreConfig
 
 
 def serve_ready(cfg: StoreConfig, segment: str, client: StoreClient) -> tuple[dict[str, Any],

@@ -9,10 +9,10 @@ from rich.markup import escape
 
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import help_of, load
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.heap import tune_heap
 from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
-from mooncake_cli.worker.config import WorkerConfig
 
 W = WorkerConfig
 

@@ -18,15 +18,15 @@ import logging
 from collections.abc import Callable
 
 from mooncake_cli.auth import new_secret
-from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.config.store import StoreConfig
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.registry import Registry
-from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.master.events import ObjectEvents
 from mooncake_cli.store.service import MasterService, events_from, master_from
-from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.engines import Worker, worker_class
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,6 @@ from mooncake_cli.asgi import Limits, Server, edge_app
 from mooncake_cli.audit import AuditLog
 from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.conductor.chat import ChatTemplate
-from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
 from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.http_front import AUDITED, OPENAI, routes
@@ -34,6 +33,7 @@ from mooncake_cli.conductor.registry_watch import RegistryWatch
 from mooncake_cli.conductor.scheduler import Scheduler, Slo, make_policy
 from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Cluster
+from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.kvkeys import KVNamespace
 

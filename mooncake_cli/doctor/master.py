@@ -10,9 +10,9 @@ from typing import Any
 import zmq
 
 from mooncake_cli.config import human_size
+from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.doctor.check import Check, DoctorConfig, Status
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.records import StoreStats
 from mooncake_cli.store.wire import protocol

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mooncake_cli.engine.config import ModelConfig
+from mooncake_cli.engine.model_config import ModelConfig
 from mooncake_cli.engine.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:  # torch loads only where tensors are made

@@ -97,8 +97,8 @@ def export_hf(model: str, target: Path, dtype: str = "bfloat16", force: bool = F
     if target in gguf.resolve().parents or target in gguf.absolute().parents:
         raise ConfigError(f"{target} holds the model file {gguf}: export to another folder")
 
-    from mooncake_cli.engine.config import ModelConfig
     from mooncake_cli.engine.gguf_file import GGUFCheckpoint
+    from mooncake_cli.engine.model_config import ModelConfig
 
     ckpt = GGUFCheckpoint(gguf)  # a clear error for a file that is not a GGUF we can read
     cfg = ModelConfig.from_dict(ckpt.config_dict())

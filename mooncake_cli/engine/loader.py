@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.errors import ModelError
 from mooncake_cli.engine.kvcache import DTYPE_NAMES
+from mooncake_cli.engine.model_config import ModelConfig
 from mooncake_cli.engine.models.decoder import Transformer
 from mooncake_cli.engine.source import ChatSpec, open_source
 from mooncake_cli.engine.tokenizer import Tokenizer

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from mooncake_cli.engine.config import ModelConfig
+from mooncake_cli.engine.model_config import ModelConfig
 
 
 def inv_frequencies(cfg: ModelConfig) -> torch.Tensor:

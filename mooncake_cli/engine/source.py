@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.engine import catalog, demo
-from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.errors import ModelError
+from mooncake_cli.engine.model_config import ModelConfig
 from mooncake_cli.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from mooncake_cli.kvkeys import model_id_from
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.errors import ModelError
+from mooncake_cli.engine.model_config import ModelConfig
 
 
 @dataclass

@@ -28,10 +28,10 @@ from functools import partial
 
 import zmq
 
+from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.heap import wait_settling
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.signals import StopFlag, stop_signals
-from mooncake_cli.store.config import StoreConfig
 from mooncake_cli.store.errors import ErrorCode, StoreError
 from mooncake_cli.store.ha.acks import Acks, Pending
 from mooncake_cli.store.ha.leader import LeaderInfo, NotLeader

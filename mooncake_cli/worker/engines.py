@@ -17,8 +17,8 @@ from mooncake_cli.interfaces import ConfigError, PluginError
 
 if TYPE_CHECKING:
     from mooncake_cli.config import TransferConfig
+    from mooncake_cli.config.worker import WorkerConfig
     from mooncake_cli.registry import Registry
-    from mooncake_cli.worker.config import WorkerConfig
 
 GROUP = "mooncake.engines"
 NATIVE = "native"

@@ -13,8 +13,8 @@ import xxhash
 
 from mooncake_cli import jsonhttp
 from mooncake_cli.auth import Signer
-from mooncake_cli.conductor.config import ConductorConfig
 from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.config.conductor import ConductorConfig
 from tests.conftest import free_port, wait_for
 from tests.helpers.kv_publisher import Publisher
 

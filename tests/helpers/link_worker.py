@@ -24,10 +24,10 @@ import os
 import sys
 
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.jsonhttp import call
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.service import MasterService
-from mooncake_cli.worker.config import WorkerConfig
 from mooncake_cli.worker.prefill import PrefillWorker
 
 BLOCK = 64  # tokens per block: 128 KiB of the demo model's KV

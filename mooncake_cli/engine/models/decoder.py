@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from mooncake_cli.engine.batch import StepBatch
-from mooncake_cli.engine.config import ModelConfig
 from mooncake_cli.engine.kvcache import KVCache
+from mooncake_cli.engine.model_config import ModelConfig
 from mooncake_cli.engine.models.attention import attend
 from mooncake_cli.engine.rope import Rope
 from mooncake_cli.engine.weights import LayerWeights, Weights

@@ -21,6 +21,7 @@ from mooncake_cli.asgi import Limits, Server, edge_app, text_response
 from mooncake_cli.audit import AuditLog
 from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.config.worker import WorkerConfig, split_listen
 from mooncake_cli.engine.errors import ModelError
 from mooncake_cli.engine.source import open_source
 from mooncake_cli.interfaces import ConfigError
@@ -28,7 +29,6 @@ from mooncake_cli.jsonhttp import AsyncPeer
 from mooncake_cli.kvkeys import KVNamespace
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.hostinfo import hostname
-from mooncake_cli.worker.config import WorkerConfig, split_listen
 from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.registration import Registrar, register_with
 from rich.markup import escape

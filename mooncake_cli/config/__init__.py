@@ -61,10 +61,10 @@ def described(default: Any, help: str) -> Any:
 # the one table name of each role -> its config class ("module:Class"); the env prefix is
 # MOONCAKE_<TABLE>_ (upper case)
 TABLES = {
-    "conductor": "mooncake_cli.conductor.config:ConductorConfig",
-    "prefill": "mooncake_cli.worker.config:WorkerConfig",
-    "decode": "mooncake_cli.worker.config:WorkerConfig",
-    "store": "mooncake_cli.store.config:StoreConfig",
+    "conductor": "mooncake_cli.config.conductor:ConductorConfig",
+    "prefill": "mooncake_cli.config.worker:WorkerConfig",
+    "decode": "mooncake_cli.config.worker:WorkerConfig",
+    "store": "mooncake_cli.config.store:StoreConfig",
     "transfer": "mooncake_cli.config:TransferConfig",
     "bench_transfer": "mooncake_cli.bench.transfer:BenchTransferConfig",
     "bench_store": "mooncake_cli.bench.store:BenchStoreConfig",
