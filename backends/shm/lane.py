@@ -2,7 +2,7 @@
 
 A shm-backed region is a memfd: it has no name in /dev/shm, so no other process can open it.
 Each engine listens on an abstract Unix socket (its `shm.lane` field); a same-host peer
-connects, passes the engine's secret handshake (a `Gate`, magic b"MCF"), names a region, and
+connects, passes the engine's secret handshake (an `Admission`, magic b"MCF"), names a region, and
 gets two descriptors back by SCM_RIGHTS: the region's memfd and a one-page memfd whose first
 byte is 1 while the region is registered (0 after: mappings of it must not be used). An engine
 with a secret makes its process non-dumpable (`guard_process`), so its descriptors cannot be
@@ -24,7 +24,7 @@ import uuid
 
 from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer import wire
-from mooncake_cli.transfer.gate import Gate
+from mooncake_cli.transfer.admission import Admission
 from mooncake_cli.transfer.served import Entry, Served
 
 log = logging.getLogger("mooncake.transfer.shm")
@@ -79,7 +79,7 @@ class FdLane:
             sock.close()
             raise
         self._served = Served(MAX_LANES, MAX_LANES)
-        self._gate = Gate(sock, MAGIC, secret, self._admit, max_pending=64,
+        self._admission = Admission(sock, MAGIC, secret, self._admit, max_pending=64,
                           per_peer_pending=64, handshake_timeout=IO_TIMEOUT,
                           name="mooncake-shm-lane")
 
@@ -112,7 +112,7 @@ class FdLane:
             conn.close()
 
     def close(self) -> None:
-        self._gate.close()
+        self._admission.close()
         self._served.shutdown_all()
 
 

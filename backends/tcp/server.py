@@ -1,6 +1,6 @@
 """The target side: one listener per engine answering DESCRIBE, READ, WRITE and PING.
 
-Connections come in through a `Gate` (the secret handshake, bounded, without a thread per
+Connections come in through an `Admission` (the secret handshake, bounded, without a thread per
 newcomer) and are kept in a bounded `Served` table: at most `max_connections` in all and
 `max_per_peer` from one address, the longest idle closed to make room, any connection idle for
 `idle_timeout` seconds closed. Every READ and WRITE is checked against the segment's regions
@@ -22,8 +22,8 @@ from typing import Any
 
 from mooncake_cli.interfaces import ConfigError, TransferError
 from mooncake_cli.transfer import tls, wire
+from mooncake_cli.transfer.admission import Admission
 from mooncake_cli.transfer.capability import Grants
-from mooncake_cli.transfer.gate import Gate
 from mooncake_cli.transfer.segment import Region, Segment
 from mooncake_cli.transfer.served import Entry, Served
 
@@ -58,10 +58,10 @@ class TargetServer:
             raise ConfigError("encryption in transit needs the cluster secret: pass --secret "
                               "(or MOONCAKE_SECRET) with --encrypt")
         self.audit: Any = None  # an AuditLog (mooncake_cli.audit): refusals and transfers
-        self.gate = Gate(sock, b"MCK", secret, self._admit, MAX_PENDING, MAX_PENDING // 2,
+        self.admission = Admission(sock, b"MCK", secret, self._admit, MAX_PENDING, MAX_PENDING // 2,
                          HANDSHAKE_TIMEOUT if handshake_timeout is None else handshake_timeout,
                          name="mooncake-accept", tls=tls.server_context() if encrypt else None)
-        self.gate.on_refused = lambda peer, why: self._record("refused", peer=peer, why=why)
+        self.admission.on_refused = lambda peer, why: self._record("refused", peer=peer, why=why)
 
     def _record(self, event: str, **fields: Any) -> None:
         if self.audit is not None:
@@ -186,5 +186,5 @@ class TargetServer:
 
     def close(self) -> None:
         self._closed.set()
-        self.gate.close()
+        self.admission.close()
         self.served.shutdown_all()

@@ -23,9 +23,9 @@ from typing import Any
 
 from mooncake_cli.interfaces import MooncakeError, TransferError
 from mooncake_cli.transfer import relay_wire
+from mooncake_cli.transfer.admission import Admission
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
-from mooncake_cli.transfer.gate import Gate
 from mooncake_cli.transfer.served import Entry, Served
 
 log = logging.getLogger("mooncake.transfer.relay")
@@ -68,7 +68,7 @@ class RelayAgent:
         self.served = Served(64, 32)
         sock = socket.create_server((host, port), backlog=64)
         self.host, self.port = sock.getsockname()[:2]
-        self.gate = Gate(sock, relay_wire.MAGIC, secret, self._admit, 64, 16, 5.0,
+        self.admission = Admission(sock, relay_wire.MAGIC, secret, self._admit, 64, 16, 5.0,
                          name="mooncake-relay-accept")
 
     @property
@@ -189,7 +189,7 @@ class RelayAgent:
                 "links": links, "mtu": {h: route_mtu(h) for h in hosts}}
 
     def close(self) -> None:
-        self.gate.close()
+        self.admission.close()
         self.served.shutdown_all()
 
 

@@ -1,4 +1,4 @@
-"""The table of served connections behind a `Gate`, bounded in all and per peer.
+"""The table of served connections behind an `Admission`, bounded in all and per peer.
 
 `Served` keeps at most `max_total` connections (and `max_per_peer` of one peer); when full,
 the connection idle the longest is closed to make room (its serving thread sees EOF between

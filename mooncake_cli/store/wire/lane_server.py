@@ -1,4 +1,4 @@
-"""The master's side of the same-host lane (see fastlane.py): a `Gate` for the handshake, a
+"""The master's side of the same-host lane (see fastlane.py): an `Admission` for the handshake, a
 bounded `Served` table, one thread per served connection."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mooncake_cli.store.wire.lane_frames import (
     spin,
 )
 from mooncake_cli.transfer import wire
-from mooncake_cli.transfer.gate import Gate
+from mooncake_cli.transfer.admission import Admission
 from mooncake_cli.transfer.served import Entry, Served
 
 log = logging.getLogger("mooncake.store")
@@ -49,7 +49,7 @@ class LaneServer:
         self._spinners = threading.BoundedSemaphore(MAX_SPINNERS)
         self._last = (0, 0.0)  # (the connection, when) of the last request
         self._crowd_until = 0.0
-        self.gate = Gate(sock, MAGIC, secret.decode() if secret else None, self._admit,
+        self.admission = Admission(sock, MAGIC, secret.decode() if secret else None, self._admit,
                          max_pending=64, per_peer_pending=64, name="mooncake-store-lane")
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
@@ -115,7 +115,7 @@ class LaneServer:
             return data
 
     def close(self) -> None:
-        self.gate.close()  # the name is free once it returns
+        self.admission.close()  # the name is free once it returns
         self.served.shutdown_all()
 
 

@@ -1,7 +1,7 @@
-"""The door of every data listener: a bounded accept and secret handshake, then a bounded table
-of served connections.
+"""Admission to every listener of the engine: a bounded accept and the secret handshake, then
+a bounded table of served connections.
 
-`Gate` accepts on a listening socket and runs the HMAC challenge of `wire` (HELLO with a
+`Admission` accepts on a listening socket and runs the HMAC challenge of `wire` (HELLO with a
 nonce; the peer answers HMAC-SHA256(secret, nonce); one status byte back) for every newcomer
 in one selector thread: a connection that has not proved the secret holds no thread and no
 buffer beyond its 32-byte proof. At most `max_pending` connections (and `per_peer_pending` of
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from mooncake_cli.transfer import tls, wire
 
-log = logging.getLogger("mooncake.transfer.gate")
+log = logging.getLogger("mooncake.transfer.admission")
 
 Admit = Callable[[socket.socket, str], None]
 
@@ -55,10 +55,10 @@ class _Waiter:
     shaken: bool = True  # False until its TLS handshake is done (with `tls`)
 
 
-class Gate:
+class Admission:
     def __init__(self, sock: socket.socket, magic: bytes, secret: str | None, admit: Admit,
                  max_pending: int = 256, per_peer_pending: int = 64,
-                 handshake_timeout: float = 5.0, name: str = "mooncake-gate",
+                 handshake_timeout: float = 5.0, name: str = "mooncake-admission",
                  tls: tuple[ssl.SSLContext, bytes] | None = None) -> None:
         """`tls`: (server context, SHA-256 of its certificate) to encrypt every connection
         (transfer.tls); it needs a secret."""
@@ -215,7 +215,7 @@ class Gate:
         try:
             conn.setblocking(True)
             self._admit(conn, peer)
-        except Exception:  # the gate must outlive any admit failure
+        except Exception:  # admission must outlive any admit failure
             log.exception("admitting a connection failed")
             conn.close()
 
