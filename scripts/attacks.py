@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 ROLES = REPO  # the checkout whose roles are attacked (--repo)
 PYTHONPATH: list[str] = []  # where its packages are found first (--pythonpath)
 sys.path.insert(0, str(REPO))
-from mooncake_cli import jsonhttp  # noqa: E402
-from mooncake_cli.auth import Signer  # noqa: E402
+from mooncake_cli.http import jsonhttp  # noqa: E402
+from mooncake_cli.http.auth import Signer  # noqa: E402
 from mooncake_cli.store.wire import protocol  # noqa: E402
 from mooncake_cli.store.wire.rpc import MasterConnection  # noqa: E402
 
@@ -78,7 +78,8 @@ def start_roles(procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
     env = {"MOONCAKE_SECRET": SECRET, "MOONCAKE_TRANSFER_SECRET": SECRET}
     procs.append(spawn("store", "master", "--port", "0", **env))
     master = line(procs[-1])["address"]
-    keyed = (ROLES / "mooncake_cli" / "auth.py").exists()  # a checkout with --api-key
+    # a checkout with --api-key (auth.py sat in the package root before mooncake_cli/http)
+    keyed = any((ROLES / "mooncake_cli" / d / "auth.py").exists() for d in ("", "http"))
     procs.append(spawn("conductor", "start", "--port", "0", "--model", "demo",
                        *(("--api-key", API_KEY) if keyed else ()), **env))
     url, pid = line(procs[-1])["url"], procs[-1].pid

@@ -3,7 +3,7 @@
 
     python scripts/bench_auth.py --requests 3000 --body 4096
 
-One `mooncake_cli.asgi` server in this process answering POST /v1/x (the body read through the
+One edge `Server` in this process answering POST /v1/x (the body read through the
 edge, as a worker reads /v1/prefill); the pooled sync client sends `--requests` requests one
 after another, unsigned to a server without a secret, then signed to one with it, alternating
 rounds. Prints the CPU time per request (client and server, this process: less sensitive to
@@ -22,9 +22,9 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from mooncake_cli import jsonhttp  # noqa: E402
-from mooncake_cli.asgi import Server, body, edge_app  # noqa: E402
-from mooncake_cli.auth import Gate, Signer  # noqa: E402
+from mooncake_cli.http import jsonhttp  # noqa: E402
+from mooncake_cli.http.auth import Gate, Signer  # noqa: E402
+from mooncake_cli.http.server import Server, body, edge_app  # noqa: E402
 
 
 async def echo(request: Request) -> Response:

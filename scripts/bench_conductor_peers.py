@@ -40,7 +40,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from mooncake_cli.jsonhttp import AsyncPeer
+from mooncake_cli.http.jsonhttp import AsyncPeer
 
 HERE = Path(__file__).resolve().parents[1]
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpcore  # noqa: E402
 
-from mooncake_cli.jsonhttp import AsyncPeer  # noqa: E402
+from mooncake_cli.http.jsonhttp import AsyncPeer  # noqa: E402
 
 SERVER = """
 import json, sys, uvicorn

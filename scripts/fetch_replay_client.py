@@ -129,7 +129,7 @@ def main() -> None:
     a = ap.parse_args()
     cfg = ReplayConfig(block_tokens=a.block_tokens, max_input=a.max_input,
                        max_output=a.max_output, concurrency=128, timeout=600.0)
-    from mooncake_cli import jsonhttp
+    from mooncake_cli.http import jsonhttp
 
     model = jsonhttp.call(a.url + "/v1/models").body["data"][0]["id"]
     warm = Warmup(a.url, model, Path(a.explain), cfg.vocab, seed=12345)

@@ -35,8 +35,8 @@ A, B = "10.77.0.1", "10.77.0.2"
 
 def client(args: argparse.Namespace) -> None:
     """Inside host a: the timed requests."""
-    from mooncake_cli.auth import signer
-    from mooncake_cli.jsonhttp import call
+    from mooncake_cli.http.auth import signer
+    from mooncake_cli.http.jsonhttp import call
 
     auth = signer(os.environ["MOONCAKE_SECRET"])
     words = " ".join((REPO / d).read_text() for d in ("README.md", "docs/architecture.md"))

@@ -64,8 +64,8 @@ def _in(host: str, *args: str) -> dict[str, Any]:
 
 def seed(args: argparse.Namespace) -> None:
     """Inside host a: prefill every prefix once on the seeding worker (no decode)."""
-    from mooncake_cli.auth import signer
-    from mooncake_cli.jsonhttp import call
+    from mooncake_cli.http.auth import signer
+    from mooncake_cli.http.jsonhttp import call
 
     auth = signer(os.environ["MOONCAKE_SECRET"])
     stored = 0

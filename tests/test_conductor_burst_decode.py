@@ -12,7 +12,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from mooncake_cli import jsonhttp
+from mooncake_cli.http import jsonhttp
 from tests.helpers.prom import value
 from tests.helpers.store_procs import REPO, _env, read_line
 

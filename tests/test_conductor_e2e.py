@@ -13,9 +13,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.http import jsonhttp
 from tests.helpers.prom import value
 from tests.helpers.store_procs import start_master
 from tests.helpers.tiny_models import write_model

@@ -7,11 +7,11 @@ import json
 import etcd3gw
 import pytest
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.etcd_registry import PREFIX, parse
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.config.worker import WorkerConfig
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.prefill import PrefillWorker

@@ -18,10 +18,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mooncake_cli import jsonhttp
-from mooncake_cli.asgi import Server, body, edge_app, sse
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.server import Server, body, edge_app, sse
 from tests.conftest import free_port
 from tests.helpers.prom import value
 

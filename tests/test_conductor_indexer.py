@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import msgspec
 import pytest
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.http import jsonhttp
 from tests.helpers.indexer_calls import (
     AUTH,
     m,

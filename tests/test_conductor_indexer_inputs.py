@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mooncake_cli import jsonhttp
-from mooncake_cli.auth import Signer
 from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.auth import Signer
 from tests.helpers.indexer_calls import (
     AUTH,
     publisher_factory,

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from mooncake_cli import jsonhttp
+from mooncake_cli.http import jsonhttp
 from tests.helpers.store_procs import REPO, _env, read_line
 
 

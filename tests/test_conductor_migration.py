@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.http import jsonhttp
 from tests.conftest import wait_for
 from tests.helpers.prom import value
 from tests.helpers.smollm import NAME

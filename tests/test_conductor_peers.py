@@ -16,10 +16,10 @@ from typing import Any
 import etcd3gw
 import pytest
 
-from mooncake_cli import jsonhttp
-from mooncake_cli.auth import signer
 from mooncake_cli.conductor.etcd_registry import parse
 from mooncake_cli.conductor.peer_records import PREFIX
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.auth import signer
 from tests.conftest import wait_for
 from tests.helpers.conductor_procs import ConductorProc, Load, etcd_bookings, etcd_keys
 from tests.helpers.prom import value

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.kvkeys import block_keys
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient

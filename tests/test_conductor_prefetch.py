@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.config.worker import WorkerConfig
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.kvkeys import block_keys
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.prefill import PrefillWorker
@@ -134,12 +134,12 @@ def test_an_instance_without_the_route_is_not_asked_again() -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from mooncake_cli.asgi import Server, edge_app
     from mooncake_cli.conductor.estimate import Candidate
     from mooncake_cli.conductor.live_metrics import ConductorMetrics
     from mooncake_cli.conductor.prefetch import Prefetches
     from mooncake_cli.conductor.state import Request as Sched
-    from mooncake_cli.jsonhttp import AsyncPeer
+    from mooncake_cli.http.jsonhttp import AsyncPeer
+    from mooncake_cli.http.server import Server, edge_app
 
     seen: list[str] = []
 

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.local_cluster import LocalCluster
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.config.worker import WorkerConfig
+from mooncake_cli.http import jsonhttp
 from tests.conftest import free_port, wait_for
 from tests.helpers.prom import value
 

@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from mooncake_cli.asgi import Limits, Server, body, edge_app
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.config.worker import WorkerConfig
+from mooncake_cli.http.server import Limits, Server, body, edge_app
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.prefill import PrefillWorker
 from tests.helpers.prom import helps, value

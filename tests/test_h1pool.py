@@ -1,4 +1,4 @@
-"""`mooncake_cli.h1pool` (and `jsonhttp.AsyncPeer` on it) over real loopback sockets: a uvicorn
+"""`mooncake_cli.http.h1pool` (and `jsonhttp.AsyncPeer` on it) over real loopback sockets: a uvicorn
 edge app for well-behaved answers, raw `asyncio` servers writing hand-made bytes for peers that
 misbehave. Keep-alive reuse and its limits (Connection: close, keepalive_s, idle connections the
 server closed), the per-host bound and its pool timeout, the read timeout, connect failures,
@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from mooncake_cli import h1pool
 from mooncake_cli.api.errors import ErrorCode, ServingError
-from mooncake_cli.asgi import Server, body, edge_app, sse
-from mooncake_cli.h1pool import PeerFailed, Pool
-from mooncake_cli.jsonhttp import AsyncPeer, PeerError
+from mooncake_cli.http import h1pool
+from mooncake_cli.http.h1pool import PeerFailed, Pool
+from mooncake_cli.http.jsonhttp import AsyncPeer, PeerError
+from mooncake_cli.http.server import Server, body, edge_app, sse
 
 pytestmark = pytest.mark.timeout(60)
 HOST = "127.0.0.1"

@@ -15,7 +15,7 @@ import promql_parser
 import pytest
 import yaml
 
-from mooncake_cli import jsonhttp
+from mooncake_cli.http import jsonhttp
 from tests.helpers.live_cluster import LiveCluster
 from tests.helpers.store_procs import Proc, start_master, start_node
 

@@ -25,10 +25,10 @@ import httpx
 import pytest
 import zmq
 
-from mooncake_cli import jsonhttp
-from mooncake_cli.auth import Signer, sign_record
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.config.worker import WorkerConfig
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.auth import Signer, sign_record
 from mooncake_cli.store.wire import protocol
 from mooncake_cli.store.wire.rpc import MasterConnection
 from tests.conftest import wait_for
@@ -398,7 +398,7 @@ def test_etcd_registrations_are_signed(etcd: str) -> None:
 
 
 def test_secret_file(tmp_path: Path) -> None:
-    from mooncake_cli.auth import resolve_secret
+    from mooncake_cli.http.auth import resolve_secret
     from mooncake_cli.interfaces import ConfigError
 
     f = tmp_path / "secret"

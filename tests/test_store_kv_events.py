@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.conductor.service import ConductorService
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.kvkeys import KVNamespace, block_keys
 from tests.conftest import free_port, wait_for
 from tests.helpers.indexer_calls import (

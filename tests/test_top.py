@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mooncake_cli import jsonhttp
+from mooncake_cli.http import jsonhttp
 from tests.conftest import wait_for
 from tests.helpers.live_cluster import LiveCluster
 from tests.helpers.prom import samples

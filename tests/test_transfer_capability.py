@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from mooncake_cli.asgi import Server, edge_app
-from mooncake_cli.auth import signer
 from mooncake_cli.config import TransferConfig
-from mooncake_cli.jsonhttp import call, events
+from mooncake_cli.http.auth import signer
+from mooncake_cli.http.jsonhttp import call, events
+from mooncake_cli.http.server import Server, edge_app
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine

@@ -14,7 +14,7 @@ import pytest
 
 from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.engine import KVCache, ModelRunner, SamplingParams
-from mooncake_cli.jsonhttp import call, events
+from mooncake_cli.http.jsonhttp import call, events
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.prefill import PrefillWorker
 from tests.conftest import wait_for

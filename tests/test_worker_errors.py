@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from mooncake_cli.asgi import Server, body, edge_app
 from mooncake_cli.config.worker import WorkerConfig
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.jsonhttp import call
+from mooncake_cli.http.server import Server, body, edge_app
 from mooncake_cli.worker.decode import DecodeWorker
 from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.prefill import PrefillWorker

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mooncake_cli.engine.tokenizer import HFTokenizer
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.jsonhttp import call
 from tests.helpers.prom import value
 from tests.helpers.store_procs import Proc, start_master
 from tests.helpers.tiny_models import PROMPTS, write_model

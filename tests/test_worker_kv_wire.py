@@ -14,7 +14,7 @@ from functools import lru_cache
 import pytest
 
 from mooncake_cli.engine.kv_int8 import wire_bytes
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.jsonhttp import call
 from mooncake_cli.kvkeys import parse_key
 from tests.helpers.prom import value
 from tests.helpers.smollm import NAME, NEW, RAW, long_text

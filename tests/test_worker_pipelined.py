@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from mooncake_cli.auth import new_secret, signer
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.config.worker import WorkerConfig
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.auth import new_secret, signer
+from mooncake_cli.http.jsonhttp import call
 from mooncake_cli.registry import Registry
 from mooncake_cli.worker.prefill import PrefillWorker
 from tests.conftest import wait_for

@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from mooncake_cli.asgi import Server, body, edge_app
 from mooncake_cli.config.worker import WorkerConfig
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.jsonhttp import call
+from mooncake_cli.http.server import Server, body, edge_app
 from mooncake_cli.kvkeys import block_keys
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.service import MasterService

@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mooncake_cli.transfer.admission import Admission
+
 from mooncake_cli.interfaces import ConfigError, TransferError
 from mooncake_cli.transfer import tls, wire
-from mooncake_cli.transfer.admission import Admission
 from mooncake_cli.transfer.capability import Grants
 from mooncake_cli.transfer.segment import Region, Segment
 from mooncake_cli.transfer.served import Entry, Served
@@ -57,7 +58,7 @@ class TargetServer:
             sock.close()
             raise ConfigError("encryption in transit needs the cluster secret: pass --secret "
                               "(or MOONCAKE_SECRET) with --encrypt")
-        self.audit: Any = None  # an AuditLog (mooncake_cli.audit): refusals and transfers
+        self.audit: Any = None  # an AuditLog (mooncake_cli.http.audit): refusals and transfers
         self.admission = Admission(sock, b"MCK", secret, self._admit, MAX_PENDING, MAX_PENDING // 2,
                          HANDSHAKE_TIMEOUT if handshake_timeout is None else handshake_timeout,
                          name="mooncake-accept", tls=tls.server_context() if encrypt else None)

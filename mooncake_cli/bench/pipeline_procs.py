@@ -15,11 +15,11 @@ import secrets
 import sys
 from typing import Any
 
-from mooncake_cli.auth import signer
 from mooncake_cli.bench.serving_procs import cpu_seconds
 from mooncake_cli.bench.stats import Child
+from mooncake_cli.http.auth import signer
+from mooncake_cli.http.jsonhttp import call
 from mooncake_cli.interfaces import MooncakeError
-from mooncake_cli.jsonhttp import call
 
 START_TIMEOUT = 600.0  # seconds a worker may take to load its model on a loaded machine
 

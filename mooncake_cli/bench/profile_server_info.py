@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mooncake_cli import jsonhttp
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import ConfigError
 
 TIMEOUT_S = 30.0

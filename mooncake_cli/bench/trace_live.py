@@ -22,9 +22,9 @@ from typing import Any
 
 import xxhash
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.bench.sim_metrics import spread
 from mooncake_cli.bench.trace_file import TRACE_BLOCK_TOKENS, TraceRequest
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import ConfigError
 
 

@@ -27,8 +27,8 @@ from mooncake_cli.bench.stats import Child
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.engine.loader import resolve_dtype
+from mooncake_cli.http.jsonhttp import call, events
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.jsonhttp import call, events
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.worker.prefill import PrefillWorker

@@ -8,9 +8,9 @@ from typing import Any
 
 import typer
 
-from mooncake_cli.auth import resolve_secret
 from mooncake_cli.config import TransferConfig, load
 from mooncake_cli.heap import freeze_startup, wait_settling
+from mooncake_cli.http.auth import resolve_secret
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 from mooncake_cli.signals import StopFlag, stop_signals

@@ -10,12 +10,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from mooncake_cli.auth import require_secret, resolve_secret
 from mooncake_cli.commands import common as c
 from mooncake_cli.commands.store_node import serve_ready
 from mooncake_cli.config import human_size, load
 from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.heap import tune_heap
+from mooncake_cli.http.auth import require_secret, resolve_secret
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, table
 from mooncake_cli.registry import Registry

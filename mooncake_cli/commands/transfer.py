@@ -8,9 +8,9 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from mooncake_cli.auth import require_secret
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, parse_size
+from mooncake_cli.http.auth import require_secret
 from mooncake_cli.output import Out
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from mooncake_cli.auth import env_secret
 from mooncake_cli.compat.rdma import rdma_transport
 from mooncake_cli.compat.session import metadata_url
 from mooncake_cli.config import TransferConfig
+from mooncake_cli.http.auth import env_secret
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.engine import TransferEngine
 

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mooncake_cli.auth import env_secret
 from mooncake_cli.compat.rdma import rdma_transport
 from mooncake_cli.config import TransferConfig, parse_size
+from mooncake_cli.http.auth import env_secret
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.errors import ErrorCode, StoreError

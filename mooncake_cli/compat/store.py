@@ -25,7 +25,6 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from mooncake_cli.auth import env_secret
 from mooncake_cli.compat import (
     buffers_api,
     closed,
@@ -53,6 +52,7 @@ from mooncake_cli.compat.types import (
     SoftPinAction,
     native,
 )
+from mooncake_cli.http.auth import env_secret
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.errors import ErrorCode, StoreError

@@ -24,7 +24,7 @@ from mooncake_cli.conductor.migration import DecodeLost, Progress
 from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
-from mooncake_cli.jsonhttp import AsyncPeer, PeerError
+from mooncake_cli.http.jsonhttp import AsyncPeer, PeerError
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT = 2.0  # seconds a failed instance has to answer /health to count as alive

@@ -6,7 +6,7 @@ body (role, name, url, load) under `/mooncake/instances/CLUSTER/NAME`, attached 
 dies lets the lease, and the key, expire. A conductor given `--registry etcd://...` lists the
 prefix and then watches it (`mooncake_cli.conductor.registry_watch.RegistryWatch`): each write
 registers its instance, a key that disappears deregisters it at once. With the cluster secret,
-each body is signed (`mooncake_cli.auth.sign_record`) and the conductor ignores bodies that are
+each body is signed (`mooncake_cli.http.auth.sign_record`) and the conductor ignores bodies that are
 unsigned, wrongly signed or older than a minute.
 """
 
@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mooncake_cli.auth import sign_record
 from mooncake_cli.etcd import EtcdClients, EtcdUrl
+from mooncake_cli.http.auth import sign_record
 from mooncake_cli.interfaces import MetadataError
 
 log = logging.getLogger(__name__)

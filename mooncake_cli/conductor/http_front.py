@@ -10,7 +10,7 @@
                                                  conductor sees them; 503 until caught up)
 
 `OPENAI` are the paths an --api-key guards (the OpenAI API and the read-only instance list); the
-others but /health and /metrics need the cluster secret (`mooncake_cli.auth.Gate`); `AUDITED`
+others but /health and /metrics need the cluster secret (`mooncake_cli.http.auth.Gate`); `AUDITED`
 name the audit log's events.
 """
 
@@ -26,10 +26,10 @@ from starlette.routing import Route
 from mooncake_cli.api import openai as oa
 from mooncake_cli.api import roles
 from mooncake_cli.api.schema import parse
-from mooncake_cli.asgi import body, note, sse, text_response
 from mooncake_cli.conductor.identities import Identities
 from mooncake_cli.conductor.live import Conductor
 from mooncake_cli.conductor.waitqueue import Ticket, unless_gone
+from mooncake_cli.http.server import body, note, sse, text_response
 
 OPENAI = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/instances")
 AUDITED = {"/v1/completions": "completion", "/v1/chat/completions": "completion",

@@ -19,9 +19,9 @@ from starlette.routing import Route
 from mooncake_cli.api import indexer as ia
 from mooncake_cli.api.errors import bad
 from mooncake_cli.api.schema import parse
-from mooncake_cli.asgi import body, note
 from mooncake_cli.conductor.indexer import Indexer, Scope
 from mooncake_cli.conductor.seqhash import seq_hashes
+from mooncake_cli.http.server import body, note
 
 READ = ("/query", "/query_by_hash")
 AUDITED = {"/register": "indexer-register", "/unregister": "indexer-unregister"}

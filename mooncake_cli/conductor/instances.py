@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.api.errors import ServingError, bad
 from mooncake_cli.api.roles import Registration
 from mooncake_cli.api.schema import validate
-from mooncake_cli.auth import Signer
 from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.state import Cluster
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.auth import Signer
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from mooncake_cli.api import openai as oa
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError, peer_code
 from mooncake_cli.api.schema import validate
-from mooncake_cli.auth import Signer
 from mooncake_cli.conductor import answers
 from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.decoding import Decoding, Placed
@@ -38,7 +37,8 @@ from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Request
 from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
-from mooncake_cli.jsonhttp import AsyncPeer
+from mooncake_cli.http.auth import Signer
+from mooncake_cli.http.jsonhttp import AsyncPeer
 from mooncake_cli.kvkeys import block_keys
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from mooncake_cli.prometheus import ScrapeCollector, new_registry, render
+from mooncake_cli.http.metrics import ScrapeCollector, new_registry, render
 
 PREFIX = "mooncake_conductor_"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -17,12 +17,12 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from mooncake_cli.auth import new_secret
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.config.worker import WorkerConfig
+from mooncake_cli.http.auth import new_secret
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.master.events import ObjectEvents

@@ -7,7 +7,7 @@
 
 Members and bookings hang on the conductor's lease (they go when it dies); index records on a
 longer lease of their own (`mooncake_cli.conductor.peer_publisher`). Each record carries its
-own key and lease id; with the cluster secret it is signed (`mooncake_cli.auth.sign_record`)
+own key and lease id; with the cluster secret it is signed (`mooncake_cli.http.auth.sign_record`)
 and a reader takes it only when the MAC is right and the key and lease it names are the ones
 etcd holds it under: a record copied to another key, or put back once its lease is gone, is
 refused. (That binding, not the signature's age, stops replays: a booking may live for as long
@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mooncake_cli.auth import sign_record, verify_record
 from mooncake_cli.conductor.etcd_watch import Entry
+from mooncake_cli.http.auth import sign_record, verify_record
 
 PREFIX = "/mooncake/conductors/"
 KINDS = ("members", "bookings", "index")

@@ -5,7 +5,7 @@ rewritten every heartbeat (`mooncake_cli.conductor.etcd_registry.EtcdRegistrar`)
 lists the prefix once and then watches it (`PrefixWatch`): each write registers (or refreshes)
 its instance, each deleted key (a worker that left or whose lease expired) deregisters it at
 once. Several conductors watching one prefix see the same instances. With the cluster secret,
-each body must be signed (`mooncake_cli.auth.verify_record`, at most a minute old); unsigned,
+each body must be signed (`mooncake_cli.http.auth.verify_record`, at most a minute old); unsigned,
 wrongly signed, stale or malformed bodies are ignored (logged once per key).
 """
 
@@ -16,11 +16,11 @@ import logging
 from collections.abc import Callable
 
 from mooncake_cli.api.errors import ServingError
-from mooncake_cli.auth import verify_record
 from mooncake_cli.conductor.etcd_registry import PREFIX, parse
 from mooncake_cli.conductor.etcd_watch import Entry, PrefixWatch
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.etcd import EtcdClients
+from mooncake_cli.http.auth import verify_record
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import logging
 
-from mooncake_cli.asgi import Limits, Server, edge_app
-from mooncake_cli.audit import AuditLog
-from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.conductor.chat import ChatTemplate
 from mooncake_cli.conductor.costmodel import CostModel, load_profile
 from mooncake_cli.conductor.event_routing import EventRouting
@@ -34,6 +31,9 @@ from mooncake_cli.conductor.scheduler import Scheduler, Slo, make_policy
 from mooncake_cli.conductor.served import ServedModel
 from mooncake_cli.conductor.state import Cluster
 from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.http.audit import AuditLog
+from mooncake_cli.http.auth import Gate, require_secret, signer
+from mooncake_cli.http.server import Limits, Server, edge_app
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.kvkeys import KVNamespace
 
@@ -71,7 +71,7 @@ def cost_model(cfg: ConductorConfig, ns: KVNamespace) -> CostModel:
 
 class ConductorService:
     """`secret`, the cluster secret, guards the internal endpoints and signs the requests to
-    the workers; refused beyond loopback without one (`mooncake_cli.auth.require_secret`)."""
+    the workers; refused beyond loopback without one (`mooncake_cli.http.auth.require_secret`)."""
 
     def __init__(self, cfg: ConductorConfig, secret: str = "") -> None:
         self.cfg = cfg

@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mooncake_cli.asgi import Limits, Server, edge_app, text_response
-from mooncake_cli.prometheus import CONTENT_TYPE, ScrapeCollector, new_registry
-from mooncake_cli.prometheus import render as render_registry
+from mooncake_cli.http.metrics import CONTENT_TYPE, ScrapeCollector, new_registry
+from mooncake_cli.http.metrics import render as render_registry
+from mooncake_cli.http.server import Limits, Server, edge_app, text_response
 from mooncake_cli.store.records import COPY_KINDS, EVICTION_CAUSES, StoreStats
 
 __all__ = ["CONTENT_TYPE", "MetricsServer", "render"]

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from mooncake_cli import jsonhttp
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 
 # sample name -> (labels, value) of each of its samples

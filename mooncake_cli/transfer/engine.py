@@ -123,7 +123,7 @@ class TransferEngine:
 
     def set_audit(self, audit: Any) -> None:
         """Record refused accesses and each served connection's transfers (peer, requests,
-        bytes, duration, status) in `audit` (a mooncake_cli.audit.AuditLog, or None)."""
+        bytes, duration, status) in `audit` (a mooncake_cli.http.audit.AuditLog, or None)."""
         for ep in self.endpoints.by_name.values():
             if hasattr(ep, "audit"):
                 ep.audit = audit

@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from mooncake_cli import jsonhttp
 from mooncake_cli.api.errors import ErrorCode, ServingError
-from mooncake_cli.asgi import Limits, Server, body, edge_app
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.server import Limits, Server, body, edge_app
 from mooncake_cli.interfaces import MetadataError, SegmentDescriptor
 from mooncake_cli.transfer.metadata import KEY_PREFIX, Keeper
 

@@ -7,7 +7,7 @@
     POST /v1/generate                                decode (server-sent token events)
     POST /v1/stage/{begin,chunk,release}             prefill (pipeline stages: stage_host.py)
 
-Bodies are the `mooncake_cli.api.roles` messages; errors leave through `mooncake_cli.asgi`.
+Bodies are the `mooncake_cli.api.roles` messages; errors leave through `mooncake_cli.http.server`.
 All but /health and /metrics need the cluster secret (when the worker has one); `AUDITED`
 name the audit log's events.
 """
@@ -24,7 +24,7 @@ from starlette.routing import Route
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.schema import parse
-from mooncake_cli.asgi import body, note, sse, text_response
+from mooncake_cli.http.server import body, note, sse, text_response
 from mooncake_cli.kvkeys import block_keys
 from mooncake_cli.worker.kvgrant import KVGrants
 

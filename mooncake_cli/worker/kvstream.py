@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError, peer_code
 from mooncake_cli.api.schema import validate
-from mooncake_cli.auth import Signer
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.auth import Signer
+from mooncake_cli.http.jsonhttp import call
 from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region

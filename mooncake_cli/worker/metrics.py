@@ -17,7 +17,7 @@ from prometheus_client import Counter, Summary
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from mooncake_cli.prometheus import ScrapeCollector, new_registry, render
+from mooncake_cli.http.metrics import ScrapeCollector, new_registry, render
 
 PREFIX = "mooncake_worker_"
 GAUGE_HELP = {

@@ -29,8 +29,8 @@ import torch
 from pydantic import BaseModel, Field
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
-from mooncake_cli.auth import Signer
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.auth import Signer
+from mooncake_cli.http.jsonhttp import call
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region

@@ -18,9 +18,9 @@ from starlette.routing import Route
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.roles import Pipeline, PipelineReport
-from mooncake_cli.auth import Signer
 from mooncake_cli.engine import KVCache, Model, Sequence
 from mooncake_cli.engine.stages import split_layers
+from mooncake_cli.http.auth import Signer
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
 from mooncake_cli.worker.metrics import WorkerMetrics

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mooncake_cli.auth import Signer
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.auth import Signer
+from mooncake_cli.http.jsonhttp import call
 
 if TYPE_CHECKING:
     from mooncake_cli.conductor.etcd_registry import EtcdRegistrar

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.routing import Route
 
-from mooncake_cli.asgi import Limits, Server, edge_app
-from mooncake_cli.audit import AuditLog
-from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.config.worker import WorkerConfig, split_listen
 from mooncake_cli.engine import KVCache, ModelRunner, load_model
 from mooncake_cli.engine.kvcache import BlockAllocator
+from mooncake_cli.http.audit import AuditLog
+from mooncake_cli.http.auth import Gate, require_secret, signer
+from mooncake_cli.http.server import Limits, Server, edge_app
 from mooncake_cli.registry import Registry
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine

@@ -25,10 +25,10 @@ from starlette.routing import Route
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.schema import parse
-from mooncake_cli.asgi import body
-from mooncake_cli.auth import Signer
 from mooncake_cli.engine import CacheFull, KVCache, Model, ModelError, Sequence
 from mooncake_cli.engine.stages import StageRunner
+from mooncake_cli.http.auth import Signer
+from mooncake_cli.http.server import body
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.transfer.segment import Region
 from mooncake_cli.worker.pipeline import (

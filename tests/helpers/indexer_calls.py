@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import xxhash
 
-from mooncake_cli import jsonhttp
-from mooncake_cli.auth import Signer
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.auth import Signer
 from tests.conftest import free_port, wait_for
 from tests.helpers.kv_publisher import Publisher
 

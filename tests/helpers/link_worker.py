@@ -25,7 +25,7 @@ import sys
 
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.config.worker import WorkerConfig
-from mooncake_cli.jsonhttp import call
+from mooncake_cli.http.jsonhttp import call
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.worker.prefill import PrefillWorker

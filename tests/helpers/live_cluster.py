@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from mooncake_cli import jsonhttp
+from mooncake_cli.http import jsonhttp
 from tests.helpers.smollm import NAME
 from tests.helpers.store_procs import REPO, _env, read_line
 

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from mooncake_cli.asgi import Server, edge_app
-from mooncake_cli.auth import Gate, signer
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.engine import KVCache
+from mooncake_cli.http.auth import Gate, signer
+from mooncake_cli.http.server import Server, edge_app
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.worker.stage_host import StageHost, stage_routes

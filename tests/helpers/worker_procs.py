@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from mooncake_cli.asgi import Server, body, edge_app
-from mooncake_cli.jsonhttp import call, events
+from mooncake_cli.http.jsonhttp import call, events
+from mooncake_cli.http.server import Server, body, edge_app
 from tests.helpers.store_procs import REPO, _env, read_line
 
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.schema import Message, parse
-from mooncake_cli.asgi import body, note, sse
+from mooncake_cli.http.server import body, note, sse
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response

@@ -18,7 +18,7 @@ from typing import Any
 from mooncake_cli.api import roles
 from mooncake_cli.api.errors import ErrorCode, ServingError, bad, peer_code
 from mooncake_cli.api.schema import parse
-from mooncake_cli.asgi import body, note
+from mooncake_cli.http.server import body, note
 from mooncake_cli.kvkeys import block_keys
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response

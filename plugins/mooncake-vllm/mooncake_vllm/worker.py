@@ -17,15 +17,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
-from mooncake_cli.asgi import Limits, Server, edge_app, text_response
-from mooncake_cli.audit import AuditLog
-from mooncake_cli.auth import Gate, require_secret, signer
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.config.worker import WorkerConfig, split_listen
 from mooncake_cli.engine.errors import ModelError
 from mooncake_cli.engine.source import open_source
+from mooncake_cli.http.audit import AuditLog
+from mooncake_cli.http.auth import Gate, require_secret, signer
+from mooncake_cli.http.jsonhttp import AsyncPeer
+from mooncake_cli.http.server import Limits, Server, edge_app, text_response
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.jsonhttp import AsyncPeer
 from mooncake_cli.kvkeys import KVNamespace
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.hostinfo import hostname

@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 import pytest
-from mooncake_cli import jsonhttp
-from mooncake_cli.auth import signer
 from mooncake_cli.conductor.event_routing import STORE
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.auth import signer
 from openai import OpenAI
 from procs import poll
 from prompts import long_prompt

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mooncake_cli import jsonhttp
-from mooncake_cli.auth import Signer
 from mooncake_cli.conductor.seqhash import seq_hashes
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.http import jsonhttp
+from mooncake_cli.http.auth import Signer
 from procs import free_port, poll
 from prompts import long_prompt
 from sides import base_env

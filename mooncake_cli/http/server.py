@@ -15,7 +15,7 @@ of bodies being read at once, over all connections (503 beyond). Malformed
 JSON, deep nesting and lone surrogates are 400 (see `mooncake_cli.api.schema`); nothing a
 client sends is a 500.
 
-Authentication has one place to live: the `guard` of `edge_app` (`mooncake_cli.auth.Gate`),
+Authentication has one place to live: the `guard` of `edge_app` (`mooncake_cli.http.auth.Gate`),
 awaited before every route, before any byte of the body is read. With an `audit` log, every
 request to a path of `audited` (and every refused one) is one line of it; a route adds what
 it knows with `note(request, field=value)`.
@@ -42,10 +42,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
-from mooncake_cli.audit import AuditLog
-from mooncake_cli.edge_middleware import NOTES, Audited, Guard, Guarded, error_response
-from mooncake_cli.http_bounds import bounded_protocol
-from mooncake_cli.prometheus import CONTENT_TYPE
+from mooncake_cli.http.audit import AuditLog
+from mooncake_cli.http.bounds import bounded_protocol
+from mooncake_cli.http.metrics import CONTENT_TYPE
+from mooncake_cli.http.middleware import NOTES, Audited, Guard, Guarded, error_response
 
 __all__ = ["Guard", "Limits", "Server", "body", "edge_app", "error_response", "note", "sse",
            "text_response"]

@@ -1,4 +1,4 @@
-"""The ASGI middleware of the HTTP edge (`mooncake_cli.asgi.edge_app`): the guard that
+"""The ASGI middleware of the HTTP edge (`mooncake_cli.http.server.edge_app`): the guard that
 authenticates each request before its route, and the audit log's line per request."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mooncake_cli.api.errors import ServingError
-from mooncake_cli.audit import AuditLog
+from mooncake_cli.http.audit import AuditLog
 
 # awaited before each route; may return the `receive` the route reads its body through
 Guard = Callable[[Request], Awaitable[Receive | None]]

@@ -1,5 +1,5 @@
 """uvicorn's httptools protocol (llhttp, a C parser) with the connection bounds of
-`mooncake_cli.asgi.Server`: request headers within a deadline and a size, and at most so many
+`mooncake_cli.http.server.Server`: request headers within a deadline and a size, and at most so many
 connections waiting for them at once."""
 
 from __future__ import annotations

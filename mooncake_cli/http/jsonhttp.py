@@ -27,8 +27,8 @@ from typing import Any
 import httpcore
 import httpx
 
-from mooncake_cli import h1pool
-from mooncake_cli.auth import Signer
+from mooncake_cli.http import h1pool
+from mooncake_cli.http.auth import Signer
 
 CONNECT_TIMEOUT = 5.0
 POOL_TIMEOUT = 30.0

@@ -1,0 +1,1 @@
+"""The HTTP stack of every role: server, bounds, middleware, client, auth, audit, metrics."""
