@@ -37,7 +37,7 @@ def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.02,
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(interval)  # sleep: poll
 
 
 def free_port() -> int:
@@ -84,7 +84,7 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 pass
             if healthy:
                 break
-            time.sleep(0.05)
+            time.sleep(0.05)  # sleep: poll
         if healthy:
             break
         proc.kill()

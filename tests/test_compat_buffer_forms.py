@@ -183,7 +183,7 @@ def _settled(s: Any, task_id: Any) -> Any:
         assert rc == 0 and resp is not None
         if resp.status.name not in ("PENDING", "PROCESSING") or time.monotonic() > deadline:
             return resp
-        time.sleep(0.1)
+        time.sleep(0.1)  # sleep: poll
 
 
 def test_copy_and_move_tasks(side: Side, make: Callable[..., Any]) -> None:  # noqa: F811

@@ -99,7 +99,7 @@ def evict(s: Any, key: str) -> None:
     """Put 40 MiB of fresh values through the 16 MiB segment until `key` has left memory
     (its lease first run out); again while a put finds memory full."""
     for n in range(5):
-        time.sleep(LEASE_S + 0.2)
+        time.sleep(LEASE_S + 0.2)  # sleep: behaviour - the fills' leases run out in real time
         for i in range(40):
             assert room(lambda k=f"fill{n}-{i}": s.put(k, os.urandom(MiB))) == 0
         if kinds(s, key) == ["disk"]:
@@ -112,7 +112,7 @@ def room(call: Any) -> int:
     after a fill; upstream's more often than ours)."""
     deadline = time.monotonic() + 10
     while (rc := call()) == -200 and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.05)  # sleep: poll
     return int(rc)
 
 

@@ -154,13 +154,13 @@ def test_a_soft_pin_outlives_plain_objects_until_its_ttl(side: Side,
     short.soft_pin_ttl_ms = 1_000
     value = b"p" * MiB
     assert s.put("pinned", value, pin) == 0 and s.put("short", value, short) == 0
-    time.sleep(1.5)  # "short" has lost its pin; "pinned" keeps it
+    time.sleep(1.5)  # sleep: behaviour - "short"'s 1 s pin runs out; "pinned" keeps its own
     for i in range(48):  # three times the segment: plain objects make room for plain ones
         deadline = time.monotonic() + 10  # upstream evicts in the background: -200 meanwhile
         while (rc := s.put(f"plain-{i}", value)) != 0:
             assert rc == -200 and time.monotonic() < deadline, rc
-            time.sleep(0.05)
-        time.sleep(0.01)
+            time.sleep(0.05)  # sleep: poll
+        time.sleep(0.01)  # sleep: pace - spaces the fill; the loop above retries a full store
     wait_for(lambda: s.is_exist("short") == 0, 10, what='"short" (its pin run out) evicted')
     assert s.is_exist("pinned") == 1 and s.get("pinned") == value
 
@@ -267,7 +267,7 @@ def test_replica_descriptors_and_clearing(side: Side, make: Callable[..., Any]) 
     descs = s.batch_get_replica_desc(["c1", "c2", "none"])
     assert sorted(descs) == ["c1", "c2"]
     assert descs["c2"][0].get_memory_descriptor().buffer_descriptor.size == 20
-    time.sleep(LEASE_S + 0.5)
+    time.sleep(LEASE_S + 0.5)  # sleep: behaviour - the gets' leases run out in real time
     assert sorted(s.batch_replica_clear(["c1", "c2", "none"], "")) == ["c1", "c2"]
     assert s.is_exist("c1") == 0 and s.get("c2") == b""
 

@@ -4,14 +4,16 @@ only the head polls for room (the rest sleep until they are the head)."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from mooncake_cli.conductor import waitqueue
-from mooncake_cli.conductor.estimate import Candidate, Placement
-from mooncake_cli.conductor.scheduler import Decision
 from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
+from mooncake_cli.scheduler.estimate import Candidate, Placement
+from mooncake_cli.scheduler.scheduler import Decision
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -20,6 +22,14 @@ def decision(waiting: bool) -> Decision:
     chosen = Candidate("p0", 0.0, 0, 0, None, 0.0, 0.01, 0.01)
     return Decision("r", 0.0, Placement("test", chosen), "d0", None, not waiting,
                     retry_after_s=0.01 if waiting else None, waiting=waiting)
+
+
+async def until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Let the loop run until `cond()` holds (fail after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting for the wait queue"
+        await asyncio.sleep(0.002)  # sleep: poll
 
 
 def test_only_the_head_polls_and_the_line_is_served_in_order(
@@ -43,15 +53,17 @@ def test_only_the_head_polls_and_the_line_is_served_in_order(
             served.append(i)
 
         first = asyncio.ensure_future(one(0))  # finds no room: the line starts with it
-        await asyncio.sleep(0.01)
+        await until(lambda: len(q) == 1)
         rest = [asyncio.ensure_future(one(i)) for i in range(1, 200)]
-        await asyncio.sleep(0.5)  # ten polls of the head; the other 199 sleep
-        assert len(q) == 200 and not served
+        # each of the 199 has taken its place (and, were it polling, timed a wait); the head
+        # has polled ten times meanwhile
+        await until(lambda: len(q) == 200 and len(timed) >= 10)
+        assert not served
         polls = len(timed)
         room[0] = True
         q.notify()
         await asyncio.gather(first, *rest)
-        assert polls <= 30, f"{polls} timed waits in 0.5 s: the whole line is polling"
+        assert polls <= 30, f"{polls} timed waits for 200 in line: the whole line is polling"
         return served
 
     assert asyncio.run(main()) == list(range(200))

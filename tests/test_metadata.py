@@ -16,8 +16,9 @@ import pytest
 from mooncake_cli.interfaces import ConfigError, MetadataError, RegionInfo, SegmentDescriptor
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
-from mooncake_cli.transfer.metadata import KEY_PREFIX, open_metadata
+from mooncake_cli.transfer.metadata import KEY_PREFIX
 from mooncake_cli.transfer.metadata_http import MAX_VALUE
+from mooncake_cli.transfer.metadata_open import open_metadata
 from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -236,7 +237,7 @@ def test_descriptor_of_a_dead_engine_expires(url: str, how: str, spawn_target) -
             deadline = time.monotonic() + 1.5 * TTL
             while time.monotonic() < deadline:
                 assert client.lookup(name).pid == t.pid
-                time.sleep(0.25)
+                time.sleep(0.25)  # sleep: behaviour - 1.5 TTLs pass in real time
             t.kill()
             wait_for(lambda: gone(client, name), timeout=3 * TTL + 2,
                      what=f"the descriptor of killed pid {t.pid} to expire")

@@ -231,7 +231,7 @@ def test_a_plain_buffer_unregistered_by_the_peer_is_refused_after_the_refresh(
     assert eng.transfer(Op.WRITE, src, 0, tgt.name, gone.base, MiB).state is State.COMPLETED
     tgt.unregister(gone)  # still mapped: the bytearray lives on in `gone.keep`
     gone.view[:] = bytes(MiB)
-    time.sleep(REFRESH + 0.1)  # a TTL to outlast, not an order: the fetched table is stale
+    time.sleep(REFRESH + 0.1)  # sleep: behaviour - a TTL to outlast: the fetched table is stale
     [st] = eng.submit([TransferRequest(Op.WRITE, src, 0, tgt.name, gone.base, MiB)]).wait(10)
     assert st.state is State.FAILED and "bounds" in st.reason
     assert bytes(gone.view) == bytes(MiB)  # nothing landed in the unregistered buffer

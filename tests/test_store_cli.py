@@ -110,7 +110,7 @@ def test_put_ls_get_stat_rm(cluster: str, tmp_path: Path) -> None:
     assert dram["segments"] == 1 and dram["capacity"] == 8 << 20
     assert dram["objects"] == 1 and dram["bytes_used"] >= len(data)
 
-    time.sleep(LEASE_TTL + 0.2)  # the get above leased the object
+    time.sleep(LEASE_TTL + 0.2)  # sleep: behaviour - the get above leased it: the lease runs out
     r = mooncake("--json", "store", "rm", "cli/a", *m)
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout) == {"event": "removed", "key": "cli/a"}
@@ -130,7 +130,7 @@ def test_put_from_stdin_and_get_to_stdout(cluster: str) -> None:
     assert r.exit_code == 0, r.output
     assert r.stdout_bytes == b"hello store\n"
     one_line_error(mooncake("--json", "store", "get", "cli/stdin", *m), 2, "-o")
-    time.sleep(LEASE_TTL + 0.2)
+    time.sleep(LEASE_TTL + 0.2)  # sleep: behaviour - the get's lease runs out
     assert mooncake("store", "rm", "cli/stdin", *m).exit_code == 0
 
 

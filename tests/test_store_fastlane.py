@@ -62,7 +62,7 @@ def late_lane(svc: MasterService, c: StoreClient, only: type | None = None) -> t
     def late(send: Callable[[bytes], None], body: bytes) -> None:
         if slow.is_set():
             slow.clear()
-            time.sleep(c.timeout + 0.5)  # applied, answered after the client gave up
+            time.sleep(c.timeout + 0.5)  # sleep: behaviour - answered after the client gave up
         send(body)
 
     def serve(frames: list[bytes], send: Callable[[bytes], None]) -> None:

@@ -197,7 +197,7 @@ def test_an_ha_master_process_never_answers_an_internal_error(etcd: str,
                 replies.append(reply)
                 if reply.ok:
                     return
-            time.sleep(0.002)
+            time.sleep(0.002)  # sleep: pace - the flood's rate
 
     thread = threading.Thread(target=flood)
     thread.start()

@@ -106,7 +106,7 @@ def test_leader_killed_right_after_puts_returned(cluster: Cluster, client: Store
     want = values(200, 1)
     for key, value in want.items():
         client.put(key, value)
-    time.sleep(random.uniform(0.1, 0.5))
+    time.sleep(random.uniform(0.1, 0.5))  # sleep: behaviour - the kill comes at a random moment
     cluster.kill_leader()
     all_back(client, want, 10)
 

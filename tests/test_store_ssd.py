@@ -47,7 +47,7 @@ def put_all(client: StoreClient, vals: dict[str, bytes]) -> None:
                 break
             except NoAvailableHandle:
                 assert time.monotonic() < deadline, f"no room for {key} for 10 s"
-                time.sleep(0.02)
+                time.sleep(0.02)  # sleep: poll
 
 
 def tiers(client: StoreClient, key: str) -> list[str]:

@@ -72,7 +72,7 @@ def test_a_forked_child_copies_large_values_with_a_helper_of_its_own() -> None:
         os._exit(0 if ok else 1)
     deadline = time.monotonic() + 20
     while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.01)  # sleep: poll
     if done[0] == 0:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

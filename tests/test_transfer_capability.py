@@ -190,7 +190,7 @@ def test_unused_reservations_are_bounded_per_requester_and_expire(
                for i in range(8)]
         assert [a.status for a in got] == [200] * 4 + [503] * 4  # 2 blocks each, 8 of 16
         assert "not written to" in got[4].body["error"]["message"]
-        time.sleep(1.5)
+        time.sleep(1.5)  # sleep: behaviour - UNUSED_TTL (1 s) runs out
         again = call(decode.url + "/v1/kv/reserve", {"request_id": "late", "num_tokens": 16})
         assert again.status == 200, again.body  # the unused ones were freed first
         assert decode.load()["free_blocks"] == 16 - 2
