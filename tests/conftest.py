@@ -3,6 +3,7 @@ server, and a few helpers (wait-for-condition, free ports, child environments)."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -38,6 +39,19 @@ def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.02,
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)  # sleep: poll
+
+
+async def async_wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.005,
+                         what: str = "condition") -> object:
+    """wait_for inside an event loop: the loop runs (other tasks, callbacks) between looks."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)  # sleep: poll
 
 
 def free_port() -> int:

@@ -4,8 +4,6 @@ only the head polls for room (the rest sleep until they are the head)."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +12,7 @@ from mooncake_cli.conductor import waitqueue
 from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
 from mooncake_cli.scheduler.estimate import Candidate, Placement
 from mooncake_cli.scheduler.scheduler import Decision
+from tests.conftest import async_wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,14 +21,6 @@ def decision(waiting: bool) -> Decision:
     chosen = Candidate("p0", 0.0, 0, 0, None, 0.0, 0.01, 0.01)
     return Decision("r", 0.0, Placement("test", chosen), "d0", None, not waiting,
                     retry_after_s=0.01 if waiting else None, waiting=waiting)
-
-
-async def until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Let the loop run until `cond()` holds (fail after `timeout` seconds)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the wait queue"
-        await asyncio.sleep(0.002)  # sleep: poll
 
 
 def test_only_the_head_polls_and_the_line_is_served_in_order(
@@ -53,11 +44,12 @@ def test_only_the_head_polls_and_the_line_is_served_in_order(
             served.append(i)
 
         first = asyncio.ensure_future(one(0))  # finds no room: the line starts with it
-        await until(lambda: len(q) == 1)
+        await async_wait_for(lambda: len(q) == 1, 20, what="the head in line")
         rest = [asyncio.ensure_future(one(i)) for i in range(1, 200)]
         # each of the 199 has taken its place (and, were it polling, timed a wait); the head
         # has polled ten times meanwhile
-        await until(lambda: len(q) == 200 and len(timed) >= 10)
+        await async_wait_for(lambda: len(q) == 200 and len(timed) >= 10, 20,
+                             what="200 in line and ten timed waits")
         assert not served
         polls = len(timed)
         room[0] = True

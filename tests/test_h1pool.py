@@ -23,6 +23,7 @@ from mooncake_cli.http import h1pool
 from mooncake_cli.http.h1pool import PeerFailed, Pool
 from mooncake_cli.http.jsonhttp import AsyncPeer, PeerError
 from mooncake_cli.http.server import Server, body, edge_app, sse
+from tests.conftest import async_wait_for
 
 pytestmark = pytest.mark.timeout(60)
 HOST = "127.0.0.1"
@@ -59,7 +60,7 @@ async def stream(request: Request) -> Any:
 
     async def events() -> Any:
         for i in range(n):
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # sleep: pace - events a while apart
             yield {"i": i}
         yield "[DONE]"
     return sse(events())
@@ -87,7 +88,7 @@ def edge() -> Iterator[Server]:
             pass
         if time.monotonic() > deadline:
             raise RuntimeError("the edge app did not start")
-        time.sleep(0.05)
+        time.sleep(0.05)  # sleep: poll
     try:
         yield server
     finally:
@@ -152,7 +153,7 @@ class Raw:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         for w in self.writers:
             w.close()
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep: pace - the closes run; nothing is asserted after
 
 
 async def request(reader: asyncio.StreamReader) -> bytes | None:
@@ -247,7 +248,7 @@ def test_idle_connection_past_keepalive_is_not_reused(edge: Server) -> None:
         pool = Pool(keepalive_s=0.2)
         first = await port_of(pool, edge.port)
         assert await port_of(pool, edge.port) == first  # within keepalive_s: kept
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.35)  # sleep: behaviour - keepalive_s (0.2 s) runs out
         later = await port_of(pool, edge.port)
         assert later != first
         assert pool._count == 1  # the stale one was closed, not kept open beside the new one
@@ -257,20 +258,24 @@ def test_idle_connection_past_keepalive_is_not_reused(edge: Server) -> None:
 
 
 def test_idle_connection_closed_by_the_server_is_dropped() -> None:
+    hang_up = asyncio.Event()
+
     async def answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                                 n: int) -> None:
         await request(reader)
         writer.write(OK)  # keep-alive by HTTP/1.1's default, then closed while idle
         await writer.drain()
-        await asyncio.sleep(0.1)
+        if n == 1:
+            await hang_up.wait()
 
     async def main() -> None:
         async with Raw(answer_then_close) as srv:
             pool = Pool(per_host=1)
             assert await get(pool, srv.port) == (200, b"ok")
             assert pool._count == 1 and len(pool._idle[(HOST, srv.port)]) == 1
-            await asyncio.sleep(0.3)  # the server closed it: forgotten, uncounted
-            assert pool._count == 0 and not pool._idle[(HOST, srv.port)]
+            hang_up.set()  # the server closes it: forgotten, uncounted
+            await async_wait_for(lambda: pool._count == 0, 10, what="the closed one dropped")
+            assert not pool._idle[(HOST, srv.port)]
             assert pool._open == {}
             assert await get(pool, srv.port) == (200, b"ok")
             assert srv.accepted == 2
@@ -320,8 +325,8 @@ def test_per_host_bound_waits_then_times_out_then_proceeds() -> None:
             pool = Pool(per_host=2)
             a = asyncio.create_task(get(pool, srv.port, read_s=5))
             b = asyncio.create_task(get(pool, srv.port, read_s=5))
-            await asyncio.sleep(0.1)
-            assert srv.accepted == 2 and pool._count == 2
+            await async_wait_for(lambda: srv.accepted == 2, 10, what="two connections")
+            assert pool._count == 2
             t0 = time.monotonic()
             with pytest.raises(TimeoutError, match="no free connection"):
                 await get(pool, srv.port, pool_s=0.3)
@@ -329,8 +334,8 @@ def test_per_host_bound_waits_then_times_out_then_proceeds() -> None:
             assert srv.accepted == 2  # it never connected
 
             c = asyncio.create_task(get(pool, srv.port, pool_s=3))
-            await asyncio.sleep(0.1)
-            assert not c.done()  # waiting for room
+            await async_wait_for(lambda: len(pool._waiters) == 1, 10, what="c waiting for room")
+            assert not c.done()
             go[0].set()  # one answer: its connection goes back, and c takes it
             assert await a == (200, b"ok")
             assert await asyncio.wait_for(c, 2) == (200, b"ok")
@@ -364,7 +369,7 @@ def test_total_bound_counts_failed_and_released_connections() -> None:
 def test_read_timeout_waiting_for_headers() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await request(reader)
-        await asyncio.sleep(10)
+        await asyncio.sleep(10)  # sleep: behaviour - no answer: the read times out
 
     async def main() -> None:
         async with Raw(silent) as srv:
@@ -385,7 +390,7 @@ def test_read_timeout_between_body_bytes() -> None:
         await request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
         await writer.drain()
-        await asyncio.sleep(10)
+        await asyncio.sleep(10)  # sleep: behaviour - the body stalls: the read times out
 
     async def main() -> None:
         async with Raw(stalls) as srv:
@@ -426,7 +431,7 @@ def writes(data: bytes, then_wait: float = 1.0) -> Handler:
         await request(reader)
         writer.write(data)
         await writer.drain()
-        await asyncio.sleep(then_wait)
+        await asyncio.sleep(then_wait)  # sleep: behaviour - held open: no EOF to blame
     return handler
 
 
@@ -499,10 +504,10 @@ def test_chunked_body_over_max_body_in_small_chunks() -> None:
         for _ in range(30):
             writer.write(b"64\r\n" + b"y" * 100 + b"\r\n")
             await writer.drain()
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # sleep: pace - small chunks a while apart
         writer.write(b"0\r\n\r\n")
         await writer.drain()
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # sleep: behaviour - held open: no EOF to blame
 
     async def main() -> None:
         async with Raw(many) as srv:
@@ -578,7 +583,7 @@ def cut_short(head: bytes, part: bytes) -> Handler:
         await request(reader)
         writer.write(head + part)
         await writer.drain()
-        await asyncio.sleep(0.05)  # then closed, mid-body
+        await asyncio.sleep(0.05)  # sleep: pace - then closed mid-body (the part comes first)
     return handler
 
 
@@ -659,7 +664,8 @@ def test_total_bound_uses_a_stale_idle_connection_of_another_host() -> None:
         async with Raw(keep_answering) as a, Raw(keep_answering) as b:
             pool = Pool(total=1, keepalive_s=0.2)
             assert await get(pool, a.port) == (200, b"ok")
-            await asyncio.sleep(0.3)  # stale before the call: closed to make room
+            # stale before the call: closed to make room
+            await asyncio.sleep(0.3)  # sleep: behaviour - keepalive_s (0.2 s) runs out
             assert await get(pool, b.port, pool_s=1.0) == (200, b"ok")
             assert pool._count == 1 and pool._open == {(HOST, b.port): 1}
             await pool.close()
