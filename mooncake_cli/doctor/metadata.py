@@ -16,7 +16,7 @@ G = "metadata"
 
 
 def url_check(url: str) -> Check:
-    from mooncake_cli.transfer.metadata import open_metadata
+    from mooncake_cli.transfer.metadata_open import open_metadata
 
     try:
         if url.startswith("etcd://"):

@@ -31,7 +31,7 @@ from mooncake_cli.transfer.dispatch import MIN_SLICE, cut, post_all, run_slice
 from mooncake_cli.transfer.endpoints import Endpoints
 from mooncake_cli.transfer.hostinfo import boot_id, hostname
 from mooncake_cli.transfer.linkstats import LinkStats
-from mooncake_cli.transfer.metadata import open_metadata
+from mooncake_cli.transfer.metadata_open import open_metadata
 from mooncake_cli.transfer.peers import Peer
 from mooncake_cli.transfer.segment import Region, Segment
 

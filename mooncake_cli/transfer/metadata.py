@@ -1,4 +1,5 @@
-"""Where segment descriptors live: `p2p` (ask the peer), `http://H:P/metadata`, `etcd://H:P,...`.
+"""Where segment descriptors live: `p2p` (ask the peer), `http://H:P/metadata`, `etcd://H:P,...`
+(the clients: here, metadata_http.py, metadata_etcd.py; `metadata_open.open_metadata` picks one).
 
 Every client publishes a descriptor under `mooncake/segments/<name>`, keeps it alive while its
 engine lives (HTTP TTL refresh, etcd lease keep-alive) and withdraws it on close, so the
@@ -86,21 +87,3 @@ class Keeper:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def open_metadata(url: str, secret: str | None = None, timeout: float = 5.0,
-                  ttl: float = 10.0) -> MetadataClient:
-    """A metadata client for `url`; ConfigError for a URL of no known kind."""
-    url = (url or "p2p").strip()
-    if url.lower() in ("p2p", "p2phandshake"):
-        return P2PMetadata(secret, timeout)
-    if url.startswith(("http://", "https://")):
-        from mooncake_cli.transfer.metadata_http import HttpMetadata
-
-        return HttpMetadata(url, timeout, ttl)
-    if url.startswith("etcd://"):
-        from mooncake_cli.transfer.metadata_etcd import EtcdMetadata
-
-        return EtcdMetadata(url, timeout, ttl)
-    raise ConfigError(f"unknown metadata '{url}': use p2p, http://HOST:PORT/metadata or "
-                      "etcd://HOST:PORT[,HOST:PORT]")
