@@ -18,12 +18,12 @@ import httpx
 import pytest
 
 from mooncake_cli.api.roles import PrefillAnswer
-from mooncake_cli.conductor.scheduler import Decision
 from mooncake_cli.conductor.service import ConductorService
-from mooncake_cli.conductor.state import Request
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.http import jsonhttp
 from mooncake_cli.kvkeys import block_keys
+from mooncake_cli.scheduler.scheduler import Decision
+from mooncake_cli.scheduler.state import Request
 from tests.helpers.indexer_calls import AUTH, SECRET, publisher_factory, settles, streams, vh
 from tests.helpers.kv_publisher import Publisher, removed, stored
 from tests.helpers.prom import value

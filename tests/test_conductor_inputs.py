@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import pytest
 
 from mooncake_cli.conductor.bookings import Bookings
-from mooncake_cli.conductor.estimate import Candidate, Placement
-from mooncake_cli.conductor.scheduler import Decision
 from mooncake_cli.conductor.service import ConductorService
-from mooncake_cli.conductor.state import Request
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.estimate import Candidate, Placement
+from mooncake_cli.scheduler.scheduler import Decision
+from mooncake_cli.scheduler.state import Request
 from tests.conftest import free_port
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from mooncake_cli.conductor.links import Links
-from mooncake_cli.conductor.scheduler import Scheduler, make_policy
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.links import Links
+from mooncake_cli.scheduler.scheduler import Scheduler, make_policy
 from tests.test_conductor_links import GBIT, small_cluster
 
 

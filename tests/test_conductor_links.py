@@ -9,17 +9,17 @@ import pytest
 
 from mooncake_cli.api.roles import PrefillAnswer
 from mooncake_cli.api.schema import validate
-from mooncake_cli.conductor import candidates
-from mooncake_cli.conductor.costmodel import AnalyticCostModel
-from mooncake_cli.conductor.estimate import work
 from mooncake_cli.conductor.instances import Instances
-from mooncake_cli.conductor.links import Links
 from mooncake_cli.conductor.live import Conductor
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
-from mooncake_cli.conductor.scheduler import Scheduler, make_policy
 from mooncake_cli.conductor.served import ServedModel
-from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.kvkeys import KVNamespace
+from mooncake_cli.scheduler import candidates
+from mooncake_cli.scheduler.costmodel import AnalyticCostModel
+from mooncake_cli.scheduler.estimate import work
+from mooncake_cli.scheduler.links import Links
+from mooncake_cli.scheduler.scheduler import Scheduler, make_policy
+from mooncake_cli.scheduler.state import Cluster, Request
 from tests.test_scheduler_scale import cluster, replay
 
 GBIT = 1e9 / 8  # bytes/s

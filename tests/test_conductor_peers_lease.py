@@ -15,8 +15,8 @@ from mooncake_cli.api.errors import ServingError
 from mooncake_cli.conductor.etcd_registry import parse
 from mooncake_cli.conductor.peers import Peers
 from mooncake_cli.conductor.service import ConductorService
-from mooncake_cli.conductor.state import Request
 from mooncake_cli.config.conductor import ConductorConfig
+from mooncake_cli.scheduler.state import Request
 from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.timeout(120)

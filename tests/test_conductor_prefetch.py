@@ -134,12 +134,12 @@ def test_an_instance_without_the_route_is_not_asked_again() -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from mooncake_cli.conductor.estimate import Candidate
     from mooncake_cli.conductor.live_metrics import ConductorMetrics
     from mooncake_cli.conductor.prefetch import Prefetches
-    from mooncake_cli.conductor.state import Request as Sched
     from mooncake_cli.http.jsonhttp import AsyncPeer
     from mooncake_cli.http.server import Server, edge_app
+    from mooncake_cli.scheduler.estimate import Candidate
+    from mooncake_cli.scheduler.state import Request as Sched
 
     seen: list[str] = []
 

@@ -17,10 +17,10 @@ import pytest
 
 from mooncake_cli.conductor.event_routing import STORE
 from mooncake_cli.conductor.service import ConductorService
-from mooncake_cli.conductor.state import Request
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.http import jsonhttp
 from mooncake_cli.kvkeys import block_keys
+from mooncake_cli.scheduler.state import Request
 from tests.conftest import wait_for
 from tests.helpers.indexer_calls import AUTH, SECRET, publisher_factory, vh
 from tests.helpers.kv_publisher import Publisher, removed, stored

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mooncake_cli.app import app
-from mooncake_cli.conductor.costmodel import PROFILE_SCHEMA, load_profile
+from mooncake_cli.scheduler.costmodel import PROFILE_SCHEMA, load_profile
 
 pytestmark = pytest.mark.timeout(120)
 runner = CliRunner()

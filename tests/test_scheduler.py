@@ -8,12 +8,12 @@ import random
 
 import pytest
 
-from mooncake_cli.conductor.costmodel import paper, transfer_time
-from mooncake_cli.conductor.online_cost import OnlineCostModel
-from mooncake_cli.conductor.policy_ours import PipelinePolicy, pipeline_time
-from mooncake_cli.conductor.scheduler import POLICIES, Scheduler, Slo, make_policy
-from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.costmodel import paper, transfer_time
+from mooncake_cli.scheduler.online_cost import OnlineCostModel
+from mooncake_cli.scheduler.policy_ours import PipelinePolicy, pipeline_time
+from mooncake_cli.scheduler.scheduler import POLICIES, Scheduler, Slo, make_policy
+from mooncake_cli.scheduler.state import Cluster, Request
 
 BLOCK = 512
 

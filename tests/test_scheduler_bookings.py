@@ -11,12 +11,12 @@ from collections import Counter
 import pytest
 
 from mooncake_cli.conductor.bookings import Bookings
-from mooncake_cli.conductor.costmodel import paper
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
-from mooncake_cli.conductor.online_cost import OnlineCostModel
-from mooncake_cli.conductor.scheduler import Scheduler, make_policy
-from mooncake_cli.conductor.state import Cluster, Request
+from mooncake_cli.scheduler.costmodel import paper
+from mooncake_cli.scheduler.online_cost import OnlineCostModel
+from mooncake_cli.scheduler.scheduler import Scheduler, make_policy
+from mooncake_cli.scheduler.state import Cluster, Request
 
 BLOCK = 16
 TOTAL_BLOCKS = 512

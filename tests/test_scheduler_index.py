@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_cli.conductor.costmodel import PROFILE_SCHEMA, load_profile, paper
-from mooncake_cli.conductor.index import CacheEvent, CacheIndex
-from mooncake_cli.conductor.state import Cluster
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.costmodel import PROFILE_SCHEMA, load_profile, paper
+from mooncake_cli.scheduler.index import CacheEvent, CacheIndex
+from mooncake_cli.scheduler.state import Cluster
 
 
 def test_events_keep_holders_current() -> None:

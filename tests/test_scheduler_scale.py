@@ -11,12 +11,12 @@ import random
 import pytest
 
 from mooncake_cli.bench import scheduler_reference as reference
-from mooncake_cli.conductor import candidates, policy_ours
-from mooncake_cli.conductor.costmodel import FittedCostModel, paper
-from mooncake_cli.conductor.online_cost import OnlineCostModel
-from mooncake_cli.conductor.policy_ours import PipelinePolicy
-from mooncake_cli.conductor.scheduler import Scheduler, make_policy
-from mooncake_cli.conductor.state import Cluster, Request
+from mooncake_cli.scheduler import candidates, policy_ours
+from mooncake_cli.scheduler.costmodel import FittedCostModel, paper
+from mooncake_cli.scheduler.online_cost import OnlineCostModel
+from mooncake_cli.scheduler.policy_ours import PipelinePolicy
+from mooncake_cli.scheduler.scheduler import Scheduler, make_policy
+from mooncake_cli.scheduler.state import Cluster, Request
 
 HOT = -1  # the block most instances hold (a shared system prompt)
 

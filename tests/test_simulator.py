@@ -17,8 +17,8 @@ from mooncake_cli.bench.sim_config import SimConfig
 from mooncake_cli.bench.sim_events import SimRecord
 from mooncake_cli.bench.sim_metrics import capacity, percentile
 from mooncake_cli.bench.trace_file import TraceRequest, load_trace, prefix_ceiling
-from mooncake_cli.conductor.costmodel import paper
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.costmodel import paper
 
 TRACE = "conversation"  # the FAST'25 trace shipped with the package (mooncake_cli/data)
 runner = CliRunner()

@@ -25,11 +25,11 @@ from mooncake_cli.api.schema import validate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live import Conductor
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
-from mooncake_cli.conductor.online_cost import OnlineCostModel
-from mooncake_cli.conductor.scheduler import Scheduler, make_policy
 from mooncake_cli.conductor.served import ServedModel
-from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.kvkeys import KVNamespace
+from mooncake_cli.scheduler.online_cost import OnlineCostModel
+from mooncake_cli.scheduler.scheduler import Scheduler, make_policy
+from mooncake_cli.scheduler.state import Cluster, Request
 from mooncake_cli.testbed import bed as testbed_bed
 from mooncake_cli.testbed.state import Testbed
 from tests.helpers import link_worker, testbed

@@ -25,9 +25,9 @@ from mooncake_cli.bench.sim_cluster import disaggregated
 from mooncake_cli.bench.sim_config import SimConfig
 from mooncake_cli.bench.sim_events import SimRecord
 from mooncake_cli.bench.trace_file import load_trace
-from mooncake_cli.conductor.costmodel import paper
-from mooncake_cli.conductor.links import Links
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.costmodel import paper
+from mooncake_cli.scheduler.links import Links
 
 MODES = ("bandwidth-aware", "always-fetch", "always-recompute")
 

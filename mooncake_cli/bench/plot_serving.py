@@ -98,7 +98,7 @@ def workers(data: dict[str, Any]) -> Any:
 def profile(data: dict[str, Any]) -> Any:
     """Measured against predicted time for every prefill and decode point: the fitted points,
     and the held-out points between them that the fit never saw."""
-    from mooncake_cli.conductor.costmodel import profile_model
+    from mooncake_cli.scheduler.costmodel import profile_model
 
     doc = data["profile"]
     cost = profile_model(doc, data.get("output") or "profile")

@@ -9,7 +9,7 @@ other work on the machine only ever adds time, so the minimum is the steadiest e
 (`profile_grid`: the config, the grids and the rounds).
 
 The samples are written in the conductor's profile schema (see
-mooncake_cli.conductor.costmodel); `profile_fit` fits it and scores the fit on held-out points.
+mooncake_cli.scheduler.costmodel); `profile_fit` fits it and scores the fit on held-out points.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import statistics
 from typing import Any
 
 from mooncake_cli.bench.profile_grid import ProfileConfig, Progress
-from mooncake_cli.conductor.costmodel import PROFILE_SCHEMA, FittedCostModel, profile_model
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.costmodel import PROFILE_SCHEMA, FittedCostModel, profile_model
 
 
 def _errors(model: FittedCostModel, samples: dict[str, Any]) -> dict[str, Any]:

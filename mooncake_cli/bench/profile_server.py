@@ -31,9 +31,9 @@ from typing import Any
 from mooncake_cli.bench.profile_fit import fit_and_write
 from mooncake_cli.bench.profile_grid import ProfileConfig, Progress, measure
 from mooncake_cli.bench.profile_server_info import ServerInfo, prefix_hits, read_server
-from mooncake_cli.conductor.costmodel import PROFILE_SCHEMA
 from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import ConfigError, MooncakeError
+from mooncake_cli.scheduler.costmodel import PROFILE_SCHEMA
 
 TOKEN_IDS = (1000, 16000)  # past most models' special tokens, inside every common vocabulary
 STEADY_STEPS = 32

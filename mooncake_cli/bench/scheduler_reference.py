@@ -5,12 +5,12 @@ the tests)."""
 
 from __future__ import annotations
 
-from mooncake_cli.conductor.estimate import Candidate, least_queued, local
-from mooncake_cli.conductor.policies import CacheAwarePolicy, KVCacheCentricPolicy
-from mooncake_cli.conductor.policy_ours import PipelinePolicy, best_stages
-from mooncake_cli.conductor.scheduler import Scheduler
-from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.estimate import Candidate, least_queued, local
+from mooncake_cli.scheduler.policies import CacheAwarePolicy, KVCacheCentricPolicy
+from mooncake_cli.scheduler.policy_ours import PipelinePolicy, best_stages
+from mooncake_cli.scheduler.scheduler import Scheduler
+from mooncake_cli.scheduler.state import Cluster, Request
 
 COVERED = ("kvcache-centric", "cache-aware", "kvcache-pipeline")
 

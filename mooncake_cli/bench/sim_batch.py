@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Callable
 
 from mooncake_cli.bench.sim_events import EventLoop, SimRecord
-from mooncake_cli.conductor.costmodel import CostModel
-from mooncake_cli.conductor.index import CacheIndex
-from mooncake_cli.conductor.state import InstanceState
+from mooncake_cli.scheduler.costmodel import CostModel
+from mooncake_cli.scheduler.index import CacheIndex
+from mooncake_cli.scheduler.state import InstanceState
 
 
 class BatchInstance:

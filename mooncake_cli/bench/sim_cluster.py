@@ -14,11 +14,11 @@ from mooncake_cli.bench.sim_batch import BatchInstance
 from mooncake_cli.bench.sim_config import SimConfig
 from mooncake_cli.bench.sim_events import EventLoop, SimRecord
 from mooncake_cli.bench.trace_file import TraceRequest
-from mooncake_cli.conductor.costmodel import CostModel, transfer_time
-from mooncake_cli.conductor.estimate import Candidate
-from mooncake_cli.conductor.links import Links
-from mooncake_cli.conductor.scheduler import Decision, Scheduler, make_policy
-from mooncake_cli.conductor.state import Cluster, InstanceState, Request
+from mooncake_cli.scheduler.costmodel import CostModel, transfer_time
+from mooncake_cli.scheduler.estimate import Candidate
+from mooncake_cli.scheduler.links import Links
+from mooncake_cli.scheduler.scheduler import Decision, Scheduler, make_policy
+from mooncake_cli.scheduler.state import Cluster, InstanceState, Request
 
 Progress = Callable[[int, int], None]  # (requests scheduled, total)
 Explain = Callable[[dict[str, Any]], None]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mooncake_cli.conductor.costmodel import CostModel
-from mooncake_cli.conductor.scheduler import POLICIES, Slo
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.costmodel import CostModel
+from mooncake_cli.scheduler.scheduler import POLICIES, Slo
 
 PRESETS = ("paper", "none")
 BASELINES = ("vllm", "vllm+prefix", "vllm+chunked", "vllm+prefix+chunked")

@@ -19,8 +19,8 @@ from mooncake_cli.bench.trace_file import (
     load_trace,
     prefix_ceiling,
 )
-from mooncake_cli.conductor.costmodel import CostModel, load_profile, paper
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.costmodel import CostModel, load_profile, paper
 
 # progress(label, done, total)
 SimProgress = Callable[[str, int, int], None]

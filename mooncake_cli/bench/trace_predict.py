@@ -20,9 +20,9 @@ from mooncake_cli.bench.sim_config import SimConfig
 from mooncake_cli.bench.sim_metrics import summarize
 from mooncake_cli.bench.trace_file import TraceRequest
 from mooncake_cli.bench.trace_live import ReplayConfig, synthesise
-from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.seqhash import seq_hashes
 from mooncake_cli.config.conductor import PIPELINE
+from mooncake_cli.scheduler.online_cost import OnlineCostModel
 
 CENTRIC = "kvcache-centric"
 

@@ -18,11 +18,11 @@ from mooncake_cli.bench.trace_live import ReplayConfig, long_prompts, replay
 from mooncake_cli.bench.trace_predict import CENTRIC, gains, learned_model, predict, sim_model
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands.bench_trace_show import live_table
-from mooncake_cli.conductor.scheduler import POLICIES
 from mooncake_cli.config.conductor import PIPELINE, ConductorConfig
 from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
+from mooncake_cli.scheduler.scheduler import POLICIES
 from mooncake_cli.worker.engines import NATIVE, worker_class
 
 

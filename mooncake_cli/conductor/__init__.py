@@ -1,6 +1,4 @@
-"""The conductor: cost models, the global cache index, instance state and the scheduling
-policies (random, round-robin, least-load, cache-aware, kvcache-centric and ours).
-
-Everything here is pure computation over plain records, so the live conductor and the
-simulator (`mooncake bench trace --simulate`) run the very same code.
+"""The live conductor: the OpenAI front, the worker registry and its etcd watch, the KV-event
+indexer, peers and bookings. It places requests with the pure scheduler
+(`mooncake_cli.scheduler`).
 """

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
 from mooncake_cli.api.roles import PrefillAnswer
-from mooncake_cli.conductor.estimate import Candidate
 from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
-from mooncake_cli.conductor.online_cost import OnlineCostModel
-from mooncake_cli.conductor.scheduler import Decision, Scheduler
-from mooncake_cli.conductor.state import Request
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.estimate import Candidate
+from mooncake_cli.scheduler.online_cost import OnlineCostModel
+from mooncake_cli.scheduler.scheduler import Decision, Scheduler
+from mooncake_cli.scheduler.state import Request
 
 if TYPE_CHECKING:
     from mooncake_cli.conductor.peers import Peers

@@ -21,10 +21,10 @@ from mooncake_cli.conductor.bookings import Bookings
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.migration import DecodeLost, Progress
-from mooncake_cli.conductor.scheduler import Decision, Scheduler
-from mooncake_cli.conductor.state import Request
 from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
 from mooncake_cli.http.jsonhttp import AsyncPeer, PeerError
+from mooncake_cli.scheduler.scheduler import Decision, Scheduler
+from mooncake_cli.scheduler.state import Request
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT = 2.0  # seconds a failed instance has to answer /health to count as alive

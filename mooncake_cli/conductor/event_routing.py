@@ -29,9 +29,9 @@ from collections.abc import Hashable, Sequence
 
 from mooncake_cli.api.indexer import Kind, Register, Unregister
 from mooncake_cli.api.roles import KvEvents
-from mooncake_cli.conductor.index import CacheIndex
 from mooncake_cli.conductor.indexer import Indexer, Scope
 from mooncake_cli.conductor.seqhash import seq_hashes
+from mooncake_cli.scheduler.index import CacheIndex
 
 KIND: Kind = "vLLM"  # the batch format; SGLang's is the same wire
 STORE = "(store)"  # the store's holdings in the cache index: any prefill worker may fetch them

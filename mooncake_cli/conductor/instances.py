@@ -22,9 +22,9 @@ from mooncake_cli.api.errors import ServingError, bad
 from mooncake_cli.api.roles import Registration
 from mooncake_cli.api.schema import validate
 from mooncake_cli.conductor.event_routing import EventRouting
-from mooncake_cli.conductor.state import Cluster
 from mooncake_cli.http import jsonhttp
 from mooncake_cli.http.auth import Signer
+from mooncake_cli.scheduler.state import Cluster
 
 log = logging.getLogger(__name__)
 

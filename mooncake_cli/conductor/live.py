@@ -33,13 +33,13 @@ from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
 from mooncake_cli.conductor.pipelines import Pipelines
 from mooncake_cli.conductor.prefetch import Prefetches
-from mooncake_cli.conductor.scheduler import Decision, Scheduler
 from mooncake_cli.conductor.served import ServedModel
-from mooncake_cli.conductor.state import Request
 from mooncake_cli.conductor.waitqueue import Ticket, WaitQueue
 from mooncake_cli.http.auth import Signer
 from mooncake_cli.http.jsonhttp import AsyncPeer
 from mooncake_cli.kvkeys import block_keys
+from mooncake_cli.scheduler.scheduler import Decision, Scheduler
+from mooncake_cli.scheduler.state import Request
 
 log = logging.getLogger(__name__)
 FREE_REPLACES = 8  # places again after a dead instance that do not count against `retries`

@@ -14,7 +14,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from mooncake_cli.conductor.state import Cluster
+from mooncake_cli.scheduler.state import Cluster
 
 
 def booking(record: dict[str, Any]) -> tuple[str, int]:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from mooncake_cli.conductor.state import Cluster
+from mooncake_cli.scheduler.state import Cluster
 
 MAX_KEYS = 512  # block keys per record (8,192 tokens of 16-token blocks)
 PARTS = ("touched", "stored", "evicted")

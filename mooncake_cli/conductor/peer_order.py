@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mooncake_cli.conductor.state import Cluster
+from mooncake_cli.scheduler.state import Cluster
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from mooncake_cli.conductor.peer_index import PeerIndex, index_record
 from mooncake_cli.conductor.peer_order import BookingOrder
 from mooncake_cli.conductor.peer_publisher import PeerPublisher
 from mooncake_cli.conductor.peer_records import Layout, unseal
-from mooncake_cli.conductor.state import Cluster
 from mooncake_cli.etcd import EtcdClients
+from mooncake_cli.scheduler.state import Cluster
 
 log = logging.getLogger(__name__)
 

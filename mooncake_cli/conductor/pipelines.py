@@ -7,9 +7,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from mooncake_cli.api import roles
-from mooncake_cli.conductor.estimate import Candidate
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
+from mooncake_cli.scheduler.estimate import Candidate
 
 log = logging.getLogger(__name__)
 Alive = Callable[[str, str, str], Awaitable[bool]]  # (name, url, why) -> still answers /health

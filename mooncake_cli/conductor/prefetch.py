@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mooncake_cli.api import roles
-from mooncake_cli.conductor.estimate import Candidate
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
-from mooncake_cli.conductor.state import Request
+from mooncake_cli.scheduler.estimate import Candidate
+from mooncake_cli.scheduler.state import Request
 
 log = logging.getLogger(__name__)
 Post = Callable[[str, bytes], Awaitable[Any]]  # (url, body) -> an answer with .status

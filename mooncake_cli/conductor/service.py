@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 from mooncake_cli.conductor.chat import ChatTemplate
-from mooncake_cli.conductor.costmodel import CostModel, load_profile
 from mooncake_cli.conductor.event_routing import EventRouting
 from mooncake_cli.conductor.http_front import AUDITED, OPENAI, routes
 from mooncake_cli.conductor.identities import Identities
@@ -21,21 +20,22 @@ from mooncake_cli.conductor.indexer_api import AUDITED as INDEXER_AUDITED
 from mooncake_cli.conductor.indexer_api import READ as INDEXER_READ
 from mooncake_cli.conductor.indexer_api import indexer_routes
 from mooncake_cli.conductor.instances import Instances, Poller
-from mooncake_cli.conductor.links import Links
 from mooncake_cli.conductor.live import Conductor
 from mooncake_cli.conductor.live_metrics import ConductorMetrics
-from mooncake_cli.conductor.online_cost import OnlineCostModel
 from mooncake_cli.conductor.peers import Peers
 from mooncake_cli.conductor.registry_watch import RegistryWatch
-from mooncake_cli.conductor.scheduler import Scheduler, Slo, make_policy
 from mooncake_cli.conductor.served import ServedModel
-from mooncake_cli.conductor.state import Cluster
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.http.audit import AuditLog
 from mooncake_cli.http.auth import Gate, require_secret, signer
 from mooncake_cli.http.server import Limits, Server, edge_app
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.kvkeys import KVNamespace
+from mooncake_cli.scheduler.costmodel import CostModel, load_profile
+from mooncake_cli.scheduler.links import Links
+from mooncake_cli.scheduler.online_cost import OnlineCostModel
+from mooncake_cli.scheduler.scheduler import Scheduler, Slo, make_policy
+from mooncake_cli.scheduler.state import Cluster
 
 log = logging.getLogger(__name__)
 

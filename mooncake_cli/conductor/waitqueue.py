@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from mooncake_cli.api.errors import ErrorCode, ServingError
-from mooncake_cli.conductor.scheduler import Decision
+from mooncake_cli.scheduler.scheduler import Decision
 
 T = TypeVar("T")
 POLL_S = 0.05

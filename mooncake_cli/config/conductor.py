@@ -164,7 +164,7 @@ class ConductorConfig:
             raise ConfigError("retries and max_migrations must be >= 0")
         if self.max_queue < 0 or self.prefill_depth < 0:
             raise ConfigError("max_queue and prefill_depth must be >= 0")
-        from mooncake_cli.conductor.scheduler import POLICIES
+        from mooncake_cli.scheduler.scheduler import POLICIES
 
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy '{self.policy}': use one of "
@@ -175,7 +175,7 @@ class ConductorConfig:
         """The policy's own options (kvcache-pipeline's), checked."""
         if self.policy != PIPELINE:
             return {}
-        from mooncake_cli.conductor.policy_ours import PipelinePolicy
+        from mooncake_cli.scheduler.policy_ours import PipelinePolicy
 
         PipelinePolicy(max_stages=self.max_stages, chunk_tokens=self.pipeline_chunk,
                        min_gain=self.pipeline_min_gain)

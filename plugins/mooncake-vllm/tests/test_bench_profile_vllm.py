@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mooncake_cli.conductor.costmodel import load_profile
+from mooncake_cli.scheduler.costmodel import load_profile
 from procs import poll
 from sides import base_env
 from vllm_server import VllmServer

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from mooncake_cli.conductor.state import Cluster, InstanceState
+from mooncake_cli.scheduler.state import Cluster, InstanceState
 
 
 def pick(cluster: Cluster, need: int, grown: int) -> tuple[InstanceState | None, float]:

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from mooncake_cli.conductor.costmodel import fit_nonnegative
+from mooncake_cli.scheduler.costmodel import fit_nonnegative
 
 
 @dataclass

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from mooncake_cli.conductor import decode_choice
-from mooncake_cli.conductor.calibration import TtftCalibration
-from mooncake_cli.conductor.estimate import Placement
-from mooncake_cli.conductor.policies import (
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler import decode_choice
+from mooncake_cli.scheduler.calibration import TtftCalibration
+from mooncake_cli.scheduler.estimate import Placement
+from mooncake_cli.scheduler.policies import (
     CacheAwarePolicy,
     KVCacheCentricPolicy,
     LeastLoadPolicy,
@@ -22,9 +23,8 @@ from mooncake_cli.conductor.policies import (
     RandomPolicy,
     RoundRobinPolicy,
 )
-from mooncake_cli.conductor.policy_ours import PipelinePolicy
-from mooncake_cli.conductor.state import Cluster, InstanceState, Request
-from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.policy_ours import PipelinePolicy
+from mooncake_cli.scheduler.state import Cluster, InstanceState, Request
 
 POLICIES: Mapping[str, type] = MappingProxyType({p.name: p for p in (
     RandomPolicy, RoundRobinPolicy, LeastLoadPolicy, CacheAwarePolicy, KVCacheCentricPolicy,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from mooncake_cli.conductor.candidates import SMALL, best_candidate, first_at
-from mooncake_cli.conductor.costmodel import CostModel, transfer_time
-from mooncake_cli.conductor.estimate import Candidate, Placement
-from mooncake_cli.conductor.policies import KVCacheCentricPolicy
-from mooncake_cli.conductor.prefix_match import PrefixMatch
-from mooncake_cli.conductor.state import Cluster, InstanceState, Request
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.candidates import SMALL, best_candidate, first_at
+from mooncake_cli.scheduler.costmodel import CostModel, transfer_time
+from mooncake_cli.scheduler.estimate import Candidate, Placement
+from mooncake_cli.scheduler.policies import KVCacheCentricPolicy
+from mooncake_cli.scheduler.prefix_match import PrefixMatch
+from mooncake_cli.scheduler.state import Cluster, InstanceState, Request
 
 
 def pipeline_time(model: CostModel, n: int, p: int, stages: int, chunk: int) -> float:

@@ -22,10 +22,10 @@ import dataclasses
 from collections.abc import Iterator
 from itertools import filterfalse
 
-from mooncake_cli.conductor.estimate import Candidate, Work, work
-from mooncake_cli.conductor.prefix_match import PrefixMatch
-from mooncake_cli.conductor.state import Cluster, Request
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.estimate import Candidate, Work, work
+from mooncake_cli.scheduler.prefix_match import PrefixMatch
+from mooncake_cli.scheduler.state import Cluster, Request
 
 SMALL = 16  # prefix levels held by more instances than this are walked, not listed
 _REL = 1e-12  # float slack when a bound rules an instance out (sums round differently)

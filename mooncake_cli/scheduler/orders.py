@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mooncake_cli.conductor.state import InstanceState
+    from mooncake_cli.scheduler.state import InstanceState
 
 
 def _in_order(heap: list[Any], valid: Callable[[Any], bool]) -> Iterator[Any]:

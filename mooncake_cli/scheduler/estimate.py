@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mooncake_cli.conductor.costmodel import transfer_time
-from mooncake_cli.conductor.state import Cluster, InstanceState, Request
+from mooncake_cli.scheduler.costmodel import transfer_time
+from mooncake_cli.scheduler.state import Cluster, InstanceState, Request
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 from typing import Protocol
 
-from mooncake_cli.conductor.candidates import best_candidate
-from mooncake_cli.conductor.estimate import Candidate, Placement, least_queued, local, with_fetch
-from mooncake_cli.conductor.state import Cluster, InstanceState, Request
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.candidates import best_candidate
+from mooncake_cli.scheduler.estimate import Candidate, Placement, least_queued, local, with_fetch
+from mooncake_cli.scheduler.state import Cluster, InstanceState, Request
 
 
 class Policy(Protocol):

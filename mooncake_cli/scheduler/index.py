@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from mooncake_cli.conductor.prefix_match import PrefixMatch
+from mooncake_cli.scheduler.prefix_match import PrefixMatch
 
 EVENT_KINDS = ("stored", "touched", "evicted", "dropped")
 

@@ -6,10 +6,10 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mooncake_cli.conductor.costmodel import CostModel
-from mooncake_cli.conductor.index import CacheIndex
-from mooncake_cli.conductor.links import Links
-from mooncake_cli.conductor.orders import DecodeOrder, QueueOrder
+from mooncake_cli.scheduler.costmodel import CostModel
+from mooncake_cli.scheduler.index import CacheIndex
+from mooncake_cli.scheduler.links import Links
+from mooncake_cli.scheduler.orders import DecodeOrder, QueueOrder
 
 ROLES = ("prefill", "decode")
 
