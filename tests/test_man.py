@@ -2,7 +2,7 @@
 pages are exactly what the generator makes of the CLI now, and each page renders with man(1).
 
 The command tree is walked here independently of the generator, so a page the generator got
-wrong fails too. Regenerate the pages with `python -m mooncake_cli.manpage`.
+wrong fails too. Regenerate the pages with `python -m tools.manpage`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import typer.main
 
-from mooncake_cli import manpage
 from mooncake_cli.app import app
+from tools import manpage
 
 REPO = Path(__file__).resolve().parent.parent
 MAN = REPO / "man"
@@ -67,7 +67,7 @@ def plain(roff: str) -> str:
 
 def _read(name: str) -> str:
     path = MAN / name
-    assert path.is_file(), f"{path} is missing: run python -m mooncake_cli.manpage"
+    assert path.is_file(), f"{path} is missing: run python -m tools.manpage"
     return path.read_text(encoding="utf-8")
 
 
@@ -137,7 +137,7 @@ def test_every_option_is_documented(path: tuple[str, ...], option: str) -> None:
     doc = _documentation_of(path)
     assert _mentions(doc, option), (
         f"{option} of `{' '.join(path)}` is missing from {_page_name(path)}: run "
-        "python -m mooncake_cli.manpage")
+        "python -m tools.manpage")
     param = next(p for p in dict(TREE)[path].params if option in [*p.opts, *p.secondary_opts])
     if getattr(param, "help", None):  # and with its help text
         assert " ".join(param.help.split()) in " ".join(doc.split())
@@ -179,7 +179,7 @@ def test_examples_only_use_real_commands_and_options() -> None:
 
 # -- freshness --------------------------------------------------------------------------------
 def test_committed_pages_are_up_to_date() -> None:
-    r = subprocess.run([sys.executable, "-m", "mooncake_cli.manpage", "--check",
+    r = subprocess.run([sys.executable, "-m", "tools.manpage", "--check",
                         "--out", str(MAN)], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, f"man pages are out of date:\n{r.stderr}"
 

@@ -1,4 +1,4 @@
-"""Hand-written prose of the man pages that python -m mooncake_cli.manpage generates.
+"""Hand-written prose of the man pages that python -m tools.manpage generates.
 
 The generator takes synopses, options, help texts and defaults from the CLI itself; this file
 adds what the CLI cannot say: descriptions, examples, and the words for exit codes and config

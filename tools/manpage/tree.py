@@ -13,8 +13,8 @@ import typer
 import typer.core
 import typer.main
 
-from mooncake_cli.manpage_prose import METAVARS, PROSE
-from mooncake_cli.manpage_roff import bold, esc, ital
+from tools.manpage.prose import METAVARS, PROSE
+from tools.manpage.roff import bold, esc, ital
 
 PROG = "mooncake"
 

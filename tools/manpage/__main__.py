@@ -1,0 +1,5 @@
+import sys
+
+from tools.manpage import main
+
+sys.exit(main())
