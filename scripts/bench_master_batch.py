@@ -22,7 +22,7 @@ from collections.abc import Callable
 from functools import partial
 
 from mooncake_cli.store.master.facade import StoreMaster
-from mooncake_cli.store.records import ReplicateConfig, Segment
+from mooncake_cli.store.records import Mount, ReplicateConfig
 
 
 def _served(m: StoreMaster, call: Callable[[], object]) -> float:
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     m = StoreMaster()
-    m.mount_segment(Segment("bench", "bench-client", "localhost", 0, 1 << 30, "dram"))
+    m.mount_segment(Mount("bench", "bench-client", "localhost", 0, 1 << 30, "dram"))
     cfg = ReplicateConfig(preferred_segment="bench")
     sizes, sums = [a.size] * a.batch, ["0" * 16] * a.batch
     lat: list[float] = []

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mooncake_cli.store.master import StoreMaster  # noqa: E402
 from mooncake_cli.store.master.events import ObjectEvents  # noqa: E402
-from mooncake_cli.store.records import Segment  # noqa: E402
+from mooncake_cli.store.records import Mount  # noqa: E402
 
 
 class HookOnly(ObjectEvents):
@@ -38,7 +38,7 @@ class HookOnly(ObjectEvents):
 def run(kind: type[ObjectEvents] | None, keys: list[str], batch: int) -> tuple[float, float]:
     """(ops/s, CPU microseconds per op)."""
     master = StoreMaster()
-    master.mount_segment(Segment("seg", "c", "h", 4096, 1 << 40))
+    master.mount_segment(Mount("seg", "c", "h", 4096, 1 << 40))
     events = None
     if kind is not None:
         events = kind("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", queue_size=1 << 30)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mooncake_cli.store import ReplicaStatus, ReplicateConfig, Segment, StoreMaster
+from mooncake_cli.store import Mount, ReplicaStatus, ReplicateConfig, StoreMaster
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import (
     InvalidParams,
@@ -41,7 +41,7 @@ def m(clock: FakeClock) -> StoreMaster:
     """Segments a and b, 64 KiB each; object "k" (1000 bytes, checksum "c1") complete on a."""
     master = StoreMaster(now=clock, lease_ttl=5.0, put_timeout=30.0, client_ttl=100.0)
     for name in ("a", "b"):
-        master.mount_segment(Segment(name, f"client-{name}", name.upper(), 4096, 64 << 10))
+        master.mount_segment(Mount(name, f"client-{name}", name.upper(), 4096, 64 << 10))
     master.put_start("k", 1000, ReplicateConfig(preferred_segment="a"))
     master.put_end("k", "c1")
     return master
@@ -123,8 +123,8 @@ def test_object_or_segment_gone_meanwhile(m: StoreMaster) -> None:
 
 def test_no_room_evicts_by_the_usual_rules_never_a_leased_object(clock: FakeClock) -> None:
     m = StoreMaster(now=clock, lease_ttl=5.0, high_watermark=1.0)
-    m.mount_segment(Segment("a", "ca", "A", 0, 8192))
-    m.mount_segment(Segment("b", "cb", "B", 0, 4096))
+    m.mount_segment(Mount("a", "ca", "A", 0, 8192))
+    m.mount_segment(Mount("b", "cb", "B", 0, 4096))
     m.put_start("hot", 4096, ReplicateConfig(preferred_segment="a"))
     m.put_end("hot", "h")
     m.put_start("filler", 4096, ReplicateConfig(preferred_segment="b"))
@@ -142,8 +142,8 @@ def test_room_for_a_replica_is_made_on_its_segment_only(clock: FakeClock) -> Non
     """Eviction for an add frees blocks of the target segment: an older object elsewhere (the
     least recently used) is not dropped for room it cannot give."""
     m = StoreMaster(now=clock, lease_ttl=5.0, high_watermark=1.0, eviction_ratio=0.01)
-    m.mount_segment(Segment("a", "ca", "A", 0, 8192))
-    m.mount_segment(Segment("b", "cb", "B", 0, 4096))
+    m.mount_segment(Mount("a", "ca", "A", 0, 8192))
+    m.mount_segment(Mount("b", "cb", "B", 0, 4096))
     m.put_start("elsewhere", 4096, ReplicateConfig(preferred_segment="a"))  # oldest
     m.put_end("elsewhere", "e")
     clock.t += 1

@@ -13,7 +13,7 @@ import pytest
 
 from mooncake_cli.store.errors import ErrorCode
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.records import ReplicateConfig, Segment
+from mooncake_cli.store.records import Mount, ReplicateConfig
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.store.wire import protocol as p
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 def svc() -> Iterator[MasterService]:
     s = MasterService(StoreMaster(), port=0)
-    s.master.mount_segment(Segment("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
+    s.master.mount_segment(Mount("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
     yield s
     s.close()
 
@@ -112,7 +112,7 @@ def test_the_tick_expires_puts_from_the_puts_under_way_alone() -> None:
     every object: each change of a put's state keeps that book."""
     clock = [100.0]
     m = StoreMaster(now=lambda: clock[0], put_timeout=5.0)
-    m.mount_segment(Segment("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
+    m.mount_segment(Mount("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
     m.heartbeat("client-1")
     st = m.objects.state
     m.batch_put_start(["done", "revoked", "late", "dropped"], [10] * 4)
@@ -139,8 +139,8 @@ def test_a_writer_s_own_puts_are_not_reported_back_to_it() -> None:
     key, not for another segment, not while changes are collected (HA); and a client that does
     not follow that journal gets a snapshot holding them."""
     m = StoreMaster()
-    m.mount_segment(Segment("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
-    m.mount_segment(Segment("far", "client-2", "127.0.0.2", 1 << 20, 64 << 20))
+    m.mount_segment(Mount("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
+    m.mount_segment(Mount("far", "client-2", "127.0.0.2", 1 << 20, 64 << 20))
     first = m.poll_holdings("client-1", "", 0)
     epoch, ack = first.epoch, first.upto
 

@@ -26,7 +26,7 @@ from mooncake_cli.conductor.store_index import StoreIndex
 from mooncake_cli.kvkeys import KVNamespace, block_keys
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.master.events import ObjectEvents, replay_of
-from mooncake_cli.store.records import Segment
+from mooncake_cli.store.records import Mount
 from tests.conftest import wait_for
 
 NS = KVNamespace("m", "float16", 16, 1, 1, 8)
@@ -36,7 +36,7 @@ KEYS = block_keys(list(range(20 * 16)), NS)  # 20 blocks
 @pytest.fixture
 def master() -> StoreMaster:
     mst = StoreMaster()
-    mst.mount_segment(Segment("seg", "client", "host", 4096, 1 << 20))
+    mst.mount_segment(Mount("seg", "client", "host", 4096, 1 << 20))
     return mst
 
 
@@ -100,7 +100,7 @@ def test_a_new_master_state_is_cleared(master, indexer) -> None:
         put(master, KEYS[:5])
         wait_for(lambda: indexer.store_depth(KEYS)["cpu"] == 5, 20, 0.05, "the puts")
         fresh = StoreMaster()
-        fresh.mount_segment(Segment("seg", "client", "host", 4096, 1 << 20))
+        fresh.mount_segment(Mount("seg", "client", "host", 4096, 1 << 20))
         ev.attach(fresh)
         wait_for(lambda: indexer.store_depth(KEYS)["longest"] == 0, 20, 0.05, "the clear")
         put(master, KEYS[5:8])  # the old state's changes are no longer published

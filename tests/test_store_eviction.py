@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mooncake_cli.store import Replica, ReplicateConfig, Segment, StoreMaster
+from mooncake_cli.store import Mount, Replica, ReplicateConfig, StoreMaster
 from mooncake_cli.store.errors import NoAvailableHandle
 from tests.helpers.clock import FakeClock
 
@@ -15,7 +15,7 @@ KiB, MiB = 1 << 10, 1 << 20
 def make(clock: FakeClock, size: int = 100 * KiB, n: int = 1, **kw: float) -> StoreMaster:
     m = StoreMaster(now=clock, lease_ttl=5.0, **kw)
     for i in range(n):
-        m.mount_segment(Segment(f"s{i}", f"c{i}", f"h{i}", 0, size))
+        m.mount_segment(Mount(f"s{i}", f"c{i}", f"h{i}", 0, size))
     return m
 
 
@@ -115,7 +115,7 @@ def test_nothing_evictable_means_no_room() -> None:
 def test_eviction_drops_only_dram_replicas() -> None:
     clock = FakeClock(50.0)
     m = make(clock, high_watermark=1.0)
-    m.mount_segment(Segment("disk", "c9", "h9", 0, MiB, tier="ssd"))
+    m.mount_segment(Mount("disk", "c9", "h9", 0, MiB, tier="ssd"))
     m.register_existing("both", [Replica("s0", 0, 8 * KiB), Replica("disk", 0, 8 * KiB, "ssd")])
     clock.t += 6.0  # a re-registered key starts leased (readers of the old master): let it end
     put(m, "dram-only", 8 * KiB)
@@ -129,7 +129,7 @@ def test_eviction_drops_only_dram_replicas() -> None:
 def test_ssd_tier_puts_never_evict() -> None:
     clock = FakeClock(50.0)
     m = make(clock)
-    m.mount_segment(Segment("disk", "c9", "h9", 0, 64 * KiB, tier="ssd"))
+    m.mount_segment(Mount("disk", "c9", "h9", 0, 64 * KiB, tier="ssd"))
     reps = m.put_start("cold", 60 * KiB, tier="ssd")
     assert reps[0].tier == "ssd" and reps[0].segment == "disk"
     m.put_end("cold")

@@ -23,7 +23,7 @@ from mooncake_cli.config import TransferConfig, load
 from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.registry import Registry
-from mooncake_cli.store import ReplicateConfig, Segment, StoreError, StoreMaster
+from mooncake_cli.store import Mount, ReplicateConfig, StoreError, StoreMaster
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.ha.election import HaMaster
 from mooncake_cli.store.ha.leader import NOT_LEADER, HaAddress, LeaderInfo, LeaderResolver
@@ -159,7 +159,7 @@ def test_a_leader_that_loses_its_lease_steps_down(etcd: str) -> None:
         assert isinstance(first, LeaderInfo)
         leader = next(s for s in services if s.address == first.address)
         wait_for(lambda: leader.standby is None, 5, what="the leader to serve")
-        leader.master.mount_segment(Segment("seg", "c", "h", 0, 1 << 20))
+        leader.master.mount_segment(Mount("seg", "c", "h", 0, 1 << 20))
 
         where = HaAddress.parse(url)
         gw = etcd3gw.client(host=where.endpoints[0][0], port=where.endpoints[0][1])

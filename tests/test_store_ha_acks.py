@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import zmq
 
-from mooncake_cli.store import Segment, StoreMaster
+from mooncake_cli.store import Mount, StoreMaster
 from mooncake_cli.store.errors import ErrorCode
 from mooncake_cli.store.ha.acks import MAX_POLL_WAIT
 from mooncake_cli.store.ha.leader import NOT_LEADER
@@ -53,7 +53,7 @@ class Peer:
 def test_put_end_and_remove_wait_for_the_owner(durable: Any) -> None:
     service, ctx = durable
     owner, writer = Peer(ctx, service.address), Peer(ctx, service.address)
-    assert owner.ask(p.MountSegment(Segment("seg", "own", "h", 0, 1 << 20))).ok
+    assert owner.ask(p.MountSegment(Mount("seg", "own", "h", 0, 1 << 20))).ok
     first = p.result(owner.ask(p.PollHoldings("own")), HoldingsReport)
     assert first.reset and not first.added
 
@@ -84,7 +84,7 @@ def test_put_end_and_remove_wait_for_the_owner(durable: Any) -> None:
 def test_a_checksum_at_put_start_tells_the_owner_before_the_put_ends(durable: Any) -> None:
     service, ctx = durable
     owner, writer = Peer(ctx, service.address), Peer(ctx, service.address)
-    assert owner.ask(p.MountSegment(Segment("seg", "own", "h", 0, 1 << 20))).ok
+    assert owner.ask(p.MountSegment(Mount("seg", "own", "h", 0, 1 << 20))).ok
     first = p.result(owner.ask(p.PollHoldings("own")), HoldingsReport)
     owner.send(p.PollHoldings("own", first.epoch, first.upto, wait=5))
     assert writer.ask(p.PutStart("k", 10, checksum="c0ffee")).ok
@@ -117,7 +117,7 @@ def test_a_checksum_at_put_start_tells_the_owner_before_the_put_ends(durable: An
 def test_a_remount_brings_its_holdings_before_anything_is_placed(durable: Any) -> None:
     service, ctx = durable
     owner = Peer(ctx, service.address)
-    seg = Segment("seg", "own", "h", 0, 1 << 20)
+    seg = Mount("seg", "own", "h", 0, 1 << 20)
     assert owner.ask(p.MountSegment(seg)).ok
     assert owner.ask(p.PutStart("k", 4096, checksum="c0ffee")).ok
     report = p.result(owner.ask(p.PollHoldings("own")), HoldingsReport)
@@ -142,7 +142,7 @@ def test_an_owner_that_never_confirms_fails_the_put(durable: Any) -> None:
     service, ctx = durable
     service.acks.timeout = 0.5
     peer = Peer(ctx, service.address)
-    assert peer.ask(p.MountSegment(Segment("seg", "silent", "h", 0, 1 << 20))).ok
+    assert peer.ask(p.MountSegment(Mount("seg", "silent", "h", 0, 1 << 20))).ok
     assert peer.ask(p.PutStart("k", 10)).ok
     started = time.monotonic()
     reply = peer.ask(p.PutEnd("k"))
@@ -157,7 +157,7 @@ def test_a_long_poll_without_ha_answers_at_its_deadline() -> None:
         ctx: zmq.Context[Any] = zmq.Context()
         try:
             peer = Peer(ctx, service.address)
-            assert peer.ask(p.MountSegment(Segment("seg", "c", "h", 0, 1 << 20))).ok
+            assert peer.ask(p.MountSegment(Mount("seg", "c", "h", 0, 1 << 20))).ok
             first = p.result(peer.ask(p.PollHoldings("c")), HoldingsReport)
             started = time.monotonic()
             reply = peer.ask(p.PollHoldings("c", first.epoch, first.upto, wait=0.4))

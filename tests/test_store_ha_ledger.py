@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import xxhash
 
-from mooncake_cli.store import Segment, StoreMaster, ledger
+from mooncake_cli.store import Mount, StoreMaster, ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.client.keeper import HoldingsKeeper
 from mooncake_cli.store.records import Replica, ReplicateConfig
@@ -29,7 +29,7 @@ def _replicas(reply: p.Reply) -> list[Replica]:
 def test_a_noted_put_ends_without_the_owner_and_a_full_ledger_waits(durable: Any) -> None:
     service, ctx = durable
     owner, writer = Peer(ctx, service.address), Peer(ctx, service.address)
-    seg = Segment("seg", "own", "h", 0, 1 << 20, ledger=LEDGER, ledger_slots=4)
+    seg = Mount("seg", "own", "h", 0, 1 << 20, ledger=LEDGER, ledger_slots=4)
     assert owner.ask(p.MountSegment(seg, ledger_next=11)).ok
     first = p.result(owner.ask(p.PollHoldings("own")), HoldingsReport)
     assert first.reset and first.ledger == 10  # the records before this mount are not ours
@@ -87,7 +87,7 @@ class _Direct:
 def test_a_remount_registers_the_puts_only_its_ledger_knows() -> None:
     data = bytearray(1 << 16)
     book = bytearray(8 * ledger.SLOT)
-    seg = Segment("seg", "own", "h", 0, len(data), ledger=LEDGER, ledger_slots=8)
+    seg = Mount("seg", "own", "h", 0, len(data), ledger=LEDGER, ledger_slots=8)
     config = ReplicateConfig(replica_num=1, soft_pin=True)
 
     def write(seq: int, key: str, offset: int, value: bytes) -> None:

@@ -11,10 +11,10 @@ from mooncake_cli.store import (
     MAX_KEY_BYTES,
     MAX_OBJECT_SIZE,
     ErrorCode,
+    Mount,
     Replica,
     ReplicaStatus,
     ReplicateConfig,
-    Segment,
     StoreError,
     StoreMaster,
 )
@@ -27,7 +27,7 @@ MiB = 1 << 20
 def master() -> StoreMaster:
     m = StoreMaster()
     for name in ("a", "b"):
-        m.mount_segment(Segment(name, f"client-{name}", name.upper(), 0, MiB))
+        m.mount_segment(Mount(name, f"client-{name}", name.upper(), 0, MiB))
     return m
 
 

@@ -13,9 +13,9 @@ import pytest
 from mooncake_cli.store import (
     MAX_KEY_BYTES,
     ErrorCode,
+    Mount,
     ReplicaStatus,
     ReplicateConfig,
-    Segment,
     StoreError,
     StoreMaster,
     TickReport,
@@ -45,7 +45,7 @@ def master(clock: FakeClock) -> StoreMaster:
     """Segments a1, a2 on host A and b1 on host B, 1 MiB each."""
     m = StoreMaster(now=clock, lease_ttl=5.0, put_timeout=30.0, client_ttl=10.0)
     for name, host in (("a1", "A"), ("a2", "A"), ("b1", "B")):
-        m.mount_segment(Segment(name, f"client-{name}", host, 4096, MiB))
+        m.mount_segment(Mount(name, f"client-{name}", host, 4096, MiB))
     return m
 
 
@@ -235,7 +235,7 @@ def test_counters(master: StoreMaster) -> None:
 def test_a_batch_on_one_segment_is_cut_at_once_and_refused_keys_keep_no_block(
         clock: FakeClock) -> None:
     m = StoreMaster(now=clock, put_timeout=30.0)
-    m.mount_segment(Segment("only", "client-only", "A", 4096, MiB))
+    m.mount_segment(Mount("only", "client-only", "A", 4096, MiB))
     put(m, "old", 1000)
     used = m.stats().tiers["dram"].bytes_used
     keys = ["k0", "old", "k2", "", "k4", "k0"]

@@ -9,7 +9,7 @@ from itertools import pairwise
 
 import pytest
 
-from mooncake_cli.store import Replica, ReplicateConfig, Segment, StoreError, StoreMaster
+from mooncake_cli.store import Mount, Replica, ReplicateConfig, StoreError, StoreMaster
 from mooncake_cli.store.errors import (
     ErrorCode,
     InvalidParams,
@@ -24,8 +24,8 @@ KiB, MiB = 1 << 10, 1 << 20
 
 
 def seg(name: str, client: str = "", host: str = "h", base: int = 0, size: int = MiB,
-        tier: str = "dram") -> Segment:
-    return Segment(name, client or f"c-{name}", host, base, size, tier)  # type: ignore[arg-type]
+        tier: str = "dram") -> Mount:
+    return Mount(name, client or f"c-{name}", host, base, size, tier)  # type: ignore[arg-type]
 
 
 def assert_no_overlap(m: StoreMaster) -> None:

@@ -4,7 +4,7 @@ write it, failed moves free their block, and a get of an SSD-only object starts 
 
 from __future__ import annotations
 
-from mooncake_cli.store import Replica, ReplicateConfig, Segment, StoreMaster
+from mooncake_cli.store import Mount, Replica, ReplicateConfig, StoreMaster
 from mooncake_cli.store.moves import MoveOrders, MoveResult
 from tests.helpers.clock import FakeClock
 
@@ -13,8 +13,8 @@ KiB, MiB = 1 << 10, 1 << 20
 
 def small_master() -> StoreMaster:
     m = StoreMaster(now=FakeClock(100.0), high_watermark=0.5, eviction_ratio=0.01)
-    m.mount_segment(Segment("n0", "c0", "h", 0, 100 * KiB))
-    m.mount_segment(Segment("n0", "c0", "h", 1 * MiB, 100 * KiB, tier="ssd"))
+    m.mount_segment(Mount("n0", "c0", "h", 0, 100 * KiB))
+    m.mount_segment(Mount("n0", "c0", "h", 1 * MiB, 100 * KiB, tier="ssd"))
     return m
 
 
@@ -70,7 +70,7 @@ def test_a_client_gone_takes_its_moves_with_it() -> None:
     assert set(m.unmount_client("c0")) == {"a", "b", "c"}
     assert m.stats().moves == 0 and m.stats().objects == 0
     assert m.moves_done("c0", [MoveResult(mv.id, True)]) == 0
-    m.mount_segment(Segment("n0", "c0", "h", 0, 100 * KiB))  # back, with a fresh segment
+    m.mount_segment(Mount("n0", "c0", "h", 0, 100 * KiB))  # back, with a fresh segment
     assert m.poll_moves("c0") == MoveOrders(True, (), ())
 
 
@@ -108,9 +108,9 @@ def test_move_ids_differ_between_master_terms() -> None:
 
 def test_a_promotion_makes_room_on_its_own_client_only() -> None:
     m = StoreMaster(now=FakeClock(100.0), high_watermark=1.0, eviction_ratio=0.01)
-    m.mount_segment(Segment("n0", "c0", "h", 0, 40 * KiB))
-    m.mount_segment(Segment("n0", "c0", "h", 1 * MiB, 100 * KiB, tier="ssd"))
-    m.mount_segment(Segment("n1", "c1", "h", 0, 40 * KiB))
+    m.mount_segment(Mount("n0", "c0", "h", 0, 40 * KiB))
+    m.mount_segment(Mount("n0", "c0", "h", 1 * MiB, 100 * KiB, tier="ssd"))
+    m.mount_segment(Mount("n1", "c1", "h", 0, 40 * KiB))
     m.put_start("other", 20 * KiB, ReplicateConfig(preferred_segment="n1"))  # oldest
     m.put_end("other", "sum-o")
     m.register_existing("cold", [Replica("n0", 1 * MiB, 20 * KiB, "ssd", "h", "sum")])

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from mooncake_cli.app import app
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.store import ReplicateConfig, Segment, StoreMaster
+from mooncake_cli.store import Mount, ReplicateConfig, StoreMaster
 from mooncake_cli.store.eviction import make_policy, policy_names
 from mooncake_cli.store.metrics import render
 from mooncake_cli.store.records import StoreStats
@@ -81,7 +81,7 @@ def test_a_plugin_policy_orders_the_master(plugin_path: Path) -> None:
     m = StoreMaster(now=lambda: clock[0], eviction="fifo-test", lease_ttl=1.0,
                     high_watermark=1.0)
     assert m.policy.name == "fifo-test"
-    m.mount_segment(Segment("s", "c", "h", 0, 4 * 4 * KiB))
+    m.mount_segment(Mount("s", "c", "h", 0, 4 * 4 * KiB))
     for k in "abcd":
         m.put_start(k, 4 * KiB, ReplicateConfig())
         m.put_end(k)
@@ -121,7 +121,7 @@ def test_cli_master_runs_a_plugin_policy_and_reports_it(plugin_path: Path) -> No
 
 def test_metrics_and_the_stats_reply_carry_the_policy_figures() -> None:
     m = StoreMaster(now=lambda: 0.0, eviction="lfu", high_watermark=1.0)
-    m.mount_segment(Segment("s", "c", "h", 0, 4 * 4 * KiB))
+    m.mount_segment(Mount("s", "c", "h", 0, 4 * 4 * KiB))
     for i in range(6):  # two more than fit: two evictions for room
         m.put_start(f"k{i}", 4 * KiB)
         m.put_end(f"k{i}")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mooncake_cli.store import ReplicateConfig, Segment, StoreMaster
+from mooncake_cli.store import Mount, ReplicateConfig, StoreMaster
 from mooncake_cli.store.errors import NoAvailableHandle
 from mooncake_cli.store.eviction import BUILTIN
 from mooncake_cli.store.moves import MoveResult
@@ -21,9 +21,9 @@ POLICIES = sorted(BUILTIN)
 def master(policy: str, clock: FakeClock, ssd: bool = False) -> StoreMaster:
     m = StoreMaster(now=clock, lease_ttl=5.0, eviction=policy, high_watermark=1.0,
                     eviction_ratio=0.01)
-    m.mount_segment(Segment("n0", "c0", "h", 0, 64 * KiB))
+    m.mount_segment(Mount("n0", "c0", "h", 0, 64 * KiB))
     if ssd:
-        m.mount_segment(Segment("n0", "c0", "h", 1 << 20, 256 * KiB, tier="ssd"))
+        m.mount_segment(Mount("n0", "c0", "h", 1 << 20, 256 * KiB, tier="ssd"))
     return m
 
 
@@ -110,6 +110,6 @@ def test_the_policy_tracks_exactly_the_objects(policy: str) -> None:
     m.put_revoke("gone")
     m.unmount_segment("n0")  # every object lost with its segment
     assert tracked(m) == set() and m.list() == []
-    m.mount_segment(Segment("n0", "c0", "h", 0, 64 * KiB))
+    m.mount_segment(Mount("n0", "c0", "h", 0, 64 * KiB))
     put(m, "again")
     assert tracked(m) == {"again"}

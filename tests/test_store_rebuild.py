@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from mooncake_cli.store import ReplicateConfig, Segment, StoreError, StoreMaster
+from mooncake_cli.store import Mount, ReplicateConfig, StoreError, StoreMaster
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.errors import ObjectNotFound
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.timeout(120)
 MiB = 1 << 20
 
 
-def seg(name: str, client: str) -> Segment:
-    return Segment(name, client, f"host-{name}", 0, 4 * MiB)
+def seg(name: str, client: str) -> Mount:
+    return Mount(name, client, f"host-{name}", 0, 4 * MiB)
 
 
 def content(key: str) -> bytes:
@@ -154,8 +154,8 @@ def test_a_fresh_master_merges_what_every_owner_registers() -> None:
 
 def test_one_client_re_registers_a_dram_and_an_ssd_copy_of_one_key() -> None:
     m = StoreMaster()
-    m.mount_segment(Segment("A", "a", "h", 0, MiB))
-    m.mount_segment(Segment("A", "a", "h", 4 * MiB, MiB, "ssd"))  # same transfer segment
+    m.mount_segment(Mount("A", "a", "h", 0, MiB))
+    m.mount_segment(Mount("A", "a", "h", 4 * MiB, MiB, "ssd"))  # same transfer segment
     dram, ssd = Replica("A", 4096, 100, checksum="s"), Replica("A", 4 * MiB, 100, "ssd",
                                                                checksum="s")
     m.register_existing("k", [dram])
@@ -167,7 +167,7 @@ def test_one_client_re_registers_a_dram_and_an_ssd_copy_of_one_key() -> None:
 
 def test_a_large_snapshot_comes_in_pages() -> None:
     m = StoreMaster()
-    m.mount_segment(Segment("A", "a", "h", 0, 64 * MiB))
+    m.mount_segment(Mount("A", "a", "h", 0, 64 * MiB))
     for i in range(MAX_REPORT + 10):
         put(m, f"k{i}", 64, preferred_segment="A")
     held = Holdings()

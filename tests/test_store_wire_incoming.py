@@ -88,10 +88,10 @@ def _started(*replicas: Replica | StoreError) -> list[Any]:
 def test_a_batch_start_on_one_segment_is_answered_in_short_and_reads_back_the_same() -> None:
     from mooncake_cli.store.client.batch_puts import STARTED
     from mooncake_cli.store.master import StoreMaster
-    from mooncake_cli.store.records import Segment
+    from mooncake_cli.store.records import Mount
 
     m = StoreMaster()
-    m.mount_segment(Segment("seg", "c", "h", 1 << 20, 1 << 24))
+    m.mount_segment(Mount("seg", "c", "h", 1 << 20, 1 << 24))
     keys = [f"k{i}" for i in range(4)]
     asked = p.BatchPutStart(keys, [4096] * 4, runs=True)
     short = p.result(p.decode_reply(p.encode(p.run(m, asked))), STARTED)
@@ -127,10 +127,10 @@ def test_a_short_answer_out_of_bounds_is_refused(bad: dict[str, Any]) -> None:
 def test_a_batch_get_of_one_segment_is_answered_in_short_with_each_checksum() -> None:
     from mooncake_cli.store.client.store_client import FOUND
     from mooncake_cli.store.master import StoreMaster
-    from mooncake_cli.store.records import Segment
+    from mooncake_cli.store.records import Mount
 
     m = StoreMaster()
-    m.mount_segment(Segment("seg", "c", "h", 1 << 20, 1 << 24))
+    m.mount_segment(Mount("seg", "c", "h", 1 << 20, 1 << 24))
     sizes = {"a": 100, "b": 5000, "c": 64}
     for k, n in sizes.items():
         m.put_start(k, n)

@@ -12,11 +12,11 @@ from mooncake_cli.store.records import (
     MAX_KEY_BYTES,
     MAX_OBJECT_SIZE,
     MAX_REPLICAS,
+    Mount,
     ObjectMeta,
     Replica,
     ReplicaStatus,
     ReplicateConfig,
-    Segment,
     StoreStats,
     TickReport,
     TierStats,
@@ -24,7 +24,7 @@ from mooncake_cli.store.records import (
 
 __all__ = [
     "MAX_KEY_BYTES", "MAX_OBJECT_SIZE", "MAX_REPLICAS", "ErrorCode", "ObjectMeta", "Replica",
-    "ReplicaStatus", "ReplicateConfig", "Segment", "StoreError", "StoreMaster", "StoreStats",
+    "ReplicaStatus", "ReplicateConfig", "Mount", "StoreError", "StoreMaster", "StoreStats",
     "TickReport", "TierStats", "error_from_code",
 ]
 

@@ -108,7 +108,7 @@ class ReplicaStatus(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Segment:
+class Mount:
     """Memory a client contributes: bytes [base, base+size) of its transfer-engine segment `name`.
 
     One client may mount several ranges of one transfer segment; each mount is identified by

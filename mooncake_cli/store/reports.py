@@ -32,11 +32,11 @@ import msgspec
 from mooncake_cli.store.master.placement import SegmentTable
 from mooncake_cli.store.records import (
     DEFAULT_CONFIG,
+    Mount,
     ObjectMeta,
     Replica,
     ReplicaStatus,
     ReplicateConfig,
-    Segment,
     check_key,
     evolve,
 )
@@ -217,7 +217,7 @@ class ReportBook:
         per segment (of one mount) for the batch."""
         if not self._journals:
             return
-        owners: dict[str, tuple[Segment, Journal]] = {}
+        owners: dict[str, tuple[Mount, Journal]] = {}
 
         def owner(r: Replica) -> Journal | None:
             if (seen := owners.get(r.segment)) is not None and seen[0].holds(r.offset, r.size):

@@ -20,7 +20,7 @@ from typing import Any
 from mooncake_cli.interfaces import EvictionPolicy
 from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.records import Segment
+from mooncake_cli.store.records import Mount
 
 BLOCK_BYTES = 64  # one trace block as the master stores it: room is counted in blocks
 LEASE_S = 1.0
@@ -71,7 +71,7 @@ def replay(requests: Sequence[Sequence[int]], policy: str | EvictionPolicy, capa
     clock = [0.0]
     master = StoreMaster(now=lambda: clock[0], lease_ttl=LEASE_S, client_ttl=1e12,
                          high_watermark=1.0, eviction_ratio=1e-12, eviction=policy)
-    master.mount_segment(Segment("replay", "replay", "localhost", 0, capacity * BLOCK_BYTES))
+    master.mount_segment(Mount("replay", "replay", "localhost", 0, capacity * BLOCK_BYTES))
     blocks = prefix = hits = refused = 0
     for i, ids in enumerate(requests):
         clock[0] = i * 2 * LEASE_S

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mooncake_cli.store import ledger
-from mooncake_cli.store.records import Replica, ReplicateConfig, Segment, evolve
+from mooncake_cli.store.records import Mount, Replica, ReplicateConfig, evolve
 from mooncake_cli.store.reports import Journal, ReportBook
 
 
@@ -37,7 +37,7 @@ class Notes:
     def __init__(self) -> None:
         self._ledgers: dict[str, _Ledger] = {}
 
-    def mounted(self, segment: Segment, ledger_next: int, book: ReportBook) -> None:
+    def mounted(self, segment: Mount, ledger_next: int, book: ReportBook) -> None:
         """A (re)mount of `segment` whose ledger numbers from `ledger_next`."""
         if segment.tier != "dram" or segment.ledger_slots == 0:
             return

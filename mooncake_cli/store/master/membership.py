@@ -13,7 +13,7 @@ import time
 from mooncake_cli.store.errors import InvalidParams
 from mooncake_cli.store.master.eviction import Eviction
 from mooncake_cli.store.master.state import MasterState
-from mooncake_cli.store.records import TIERS, Segment, StoreStats, TickReport, TierStats
+from mooncake_cli.store.records import TIERS, Mount, StoreStats, TickReport, TierStats
 
 
 class Membership:
@@ -23,10 +23,10 @@ class Membership:
         self.state = state
         self.eviction = eviction
 
-    def mount_segment(self, segment: Segment) -> bool:
+    def mount_segment(self, segment: Mount) -> bool:
         """Offer `segment` for allocation; False if it was already mounted (nothing changes)."""
-        if not isinstance(segment, Segment):
-            raise InvalidParams(f"expected a Segment, not {type(segment).__name__}")
+        if not isinstance(segment, Mount):
+            raise InvalidParams(f"expected a Mount, not {type(segment).__name__}")
         with self.state.lock:
             added = self.state.segments.mount(segment)
             self.state.clients[segment.client_id] = self.state.now()
@@ -79,7 +79,7 @@ class Membership:
                 self.state.drop(k)
             return TickReport(dead, stale, tuple(lost), tuple(self.eviction.relieve(now)))
 
-    def segment_usage(self) -> list[tuple[Segment, int]]:
+    def segment_usage(self) -> list[tuple[Mount, int]]:
         """Every mount with its allocated bytes."""
         with self.state.lock:
             return self.state.segments.usage()

@@ -11,13 +11,13 @@ from collections.abc import Iterator, Sequence
 
 from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT, Allocator
 from mooncake_cli.store.errors import InvalidReplica, SegmentAlreadyExists, SegmentNotFound
-from mooncake_cli.store.records import Replica, ReplicaStatus, Segment, Tier, moved_to
+from mooncake_cli.store.records import Mount, Replica, ReplicaStatus, Tier, moved_to
 
 
 class _Mount:
     __slots__ = ("segment", "alloc")
 
-    def __init__(self, segment: Segment, alignment: int) -> None:
+    def __init__(self, segment: Mount, alignment: int) -> None:
         self.segment = segment
         self.alloc = Allocator(segment.size, alignment)
 
@@ -38,7 +38,7 @@ class SegmentTable:
         self._fit: dict[tuple[int, Tier], list[tuple[str, list[_Mount]]]] = {}
         self._tiers: dict[Tier, list[_Mount]] = {}  # the mounts of each tier, kept as _fit is
 
-    def mount(self, seg: Segment) -> bool:
+    def mount(self, seg: Mount) -> bool:
         """Add a mount; False if this very segment is already mounted (a harmless repeat)."""
         mounts = self._by_name.get(seg.name, [])
         for m in mounts:
@@ -57,7 +57,7 @@ class SegmentTable:
         self._tiers.clear()
         return True
 
-    def unmount(self, name: str, base: int | None = None) -> list[Segment]:
+    def unmount(self, name: str, base: int | None = None) -> list[Mount]:
         """Remove the mounts of `name` (only the one at `base` when given); what was removed."""
         mounts = self._by_name.get(name, [])
         gone = [m for m in mounts if base is None or m.segment.base == base]
@@ -73,11 +73,11 @@ class SegmentTable:
             del self._by_name[name]
         return [m.segment for m in gone]
 
-    def segments(self, client_id: str | None = None) -> list[Segment]:
+    def segments(self, client_id: str | None = None) -> list[Mount]:
         return [m.segment for m in self._mounts()
                 if client_id is None or m.segment.client_id == client_id]
 
-    def usage(self) -> list[tuple[Segment, int]]:
+    def usage(self) -> list[tuple[Mount, int]]:
         """(segment, allocated bytes) of every mount."""
         return [(m.segment, m.alloc.used) for m in self._mounts()]
 
@@ -105,7 +105,7 @@ class SegmentTable:
                 return m
         return None
 
-    def locate(self, r: Replica) -> Segment | None:
+    def locate(self, r: Replica) -> Mount | None:
         """The mount holding replica `r`, None if its segment is gone."""
         m = self._find(r)
         return m.segment if m is not None else None

@@ -29,10 +29,10 @@ from mooncake_cli.store.errors import (
 from mooncake_cli.store.master.eviction import Eviction
 from mooncake_cli.store.master.state import MasterState
 from mooncake_cli.store.records import (
+    Mount,
     ObjectMeta,
     Replica,
     ReplicaStatus,
-    Segment,
     check_key,
     check_size,
     evolve,
@@ -237,7 +237,7 @@ class Replication:
         if gone:
             self._release(meta.key)
 
-    def _lost(self, segments: list[Segment]) -> None:
+    def _lost(self, segments: list[Mount]) -> None:
         self._adds.pop_where(lambda p: any(p.replica.segment == s.name and
                                            s.holds(p.replica.offset, p.replica.size)
                                            for s in segments))  # their blocks went with them

@@ -27,7 +27,7 @@ from mooncake_cli.store.allocator import DEFAULT_ALIGNMENT
 from mooncake_cli.store.errors import InvalidParams, ObjectNotFound
 from mooncake_cli.store.eviction import DEFAULT, make_policy
 from mooncake_cli.store.master.placement import SegmentTable
-from mooncake_cli.store.records import ObjectMeta, ReplicateConfig, Segment, evolve
+from mooncake_cli.store.records import Mount, ObjectMeta, ReplicateConfig, evolve
 from mooncake_cli.store.reports import ReportBook
 
 
@@ -81,7 +81,7 @@ class MasterState:
         self.copied: dict[str, int] = {}  # bytes copied on the master's orders, by kind
         self.on_drop: list[Callable[[ObjectMeta], None]] = []
         self.on_shed: list[Callable[[ObjectMeta, bool], None]] = []  # (meta, gone)
-        self.on_lost: list[Callable[[list[Segment]], None]] = []
+        self.on_lost: list[Callable[[list[Mount]], None]] = []
         self.later: list[Callable[[], None]] | None = None  # deferred work (a service's)
         self.events: Callable[[ObjectMeta | None, ObjectMeta | None], None] | None = None
 
@@ -186,7 +186,7 @@ class MasterState:
         for listener in self.on_shed:
             listener(meta, not keep)
 
-    def lose(self, segments: list[Segment]) -> list[str]:
+    def lose(self, segments: list[Mount]) -> list[str]:
         """Forget the replicas on unmounted `segments`; the keys left with none (dropped)."""
         lost: list[str] = []
         for key, meta in list(self.objects.items()):

@@ -20,7 +20,7 @@ from mooncake_cli.store.errors import InvalidParams
 from mooncake_cli.store.eviction import choose_victims
 from mooncake_cli.store.master.state import MasterState
 from mooncake_cli.store.moves import Move, MoveBook, MoveOrders, MoveResult
-from mooncake_cli.store.records import ObjectMeta, Replica, ReplicaStatus, Segment, evolve
+from mooncake_cli.store.records import Mount, ObjectMeta, Replica, ReplicaStatus, evolve
 
 EvictOn = Callable[[str, int, float, str], list[str]]  # (segment, bytes, now, cause): evicted
 
@@ -185,7 +185,7 @@ class Tiering:
             if seg is not None:
                 self.moves.forget(seg.client_id, r.offset)
 
-    def _lost(self, segments: list[Segment]) -> None:
+    def _lost(self, segments: list[Mount]) -> None:
         segs = self.state.segments
         for p in self.moves:
             if segs.locate(p.move.dst) is None:

@@ -17,10 +17,10 @@ from mooncake_cli.store.moves import MoveOrders, MoveResult
 from mooncake_cli.store.records import (
     MAX_KEY_BYTES,
     MAX_OBJECT_SIZE,
+    Mount,
     ObjectMeta,
     Replica,
     ReplicateConfig,
-    Segment,
     StoreStats,
     Tier,
 )
@@ -52,7 +52,7 @@ class _KeysReq(_Req):
 class MountSegment(_Req, tag="mount_segment"):
     """`ledger_next`: the first seq of the segment's put ledger (store/ledger.py)."""
 
-    segment: Segment
+    segment: Mount
     ledger_next: Annotated[int, msgspec.Meta(ge=1, lt=1 << 62)] = 1
 
     def call(self, m: StoreMaster) -> bool:
@@ -319,7 +319,7 @@ class Remount(_Req, tag="remount"):
     it holds there, in one step: nothing can be placed over them in between. Per held
     replica None or its error, as RegisterHeld."""
 
-    segment: Segment
+    segment: Mount
     held: Annotated[list[Held], msgspec.Meta(max_length=MAX_BATCH)]
     ledger_next: Annotated[int, msgspec.Meta(ge=1, lt=1 << 62)] = 1
 
