@@ -8,7 +8,7 @@ from itertools import pairwise
 import pytest
 
 from mooncake_cli.store.allocator import Allocator
-from mooncake_cli.store.errors import ErrorCode, InvalidParams
+from mooncake_cli.store.errors import InvalidParams, StoreCode
 
 
 def check_invariants(a: Allocator) -> None:
@@ -41,7 +41,7 @@ def test_bad_sizes_are_refused_and_change_nothing(size: object) -> None:
     before = (a.blocks(), a.free_blocks())
     with pytest.raises(InvalidParams) as e:
         a.alloc(size)  # type: ignore[arg-type]
-    assert e.value.code == ErrorCode.INVALID_PARAMS
+    assert e.value.code == StoreCode.INVALID_PARAMS
     assert "size" in str(e.value) or "capacity" in str(e.value)
     assert (a.blocks(), a.free_blocks()) == before
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from mooncake_cli.store import ErrorCode, Replica, ReplicateConfig, StoreError
+from mooncake_cli.store import Replica, ReplicateConfig, StoreCode, StoreError
 from mooncake_cli.store.client import StoreClient, batch_reads
 from mooncake_cli.store.errors import ChecksumMismatch, ObjectNotFound, TransferFailed
 from mooncake_cli.store.wire import protocol as p
@@ -83,12 +83,12 @@ def test_round_trips_of_random_sizes(client: Callable[..., StoreClient]) -> None
                                   if k.startswith("k1"))
     errors = a.batch_put(["b0", "b1", "k0"], [b"x" * 10, bytearray(b"y" * 20), b"z"])
     assert errors[:2] == [None, None]
-    assert isinstance(errors[2], StoreError) and errors[2].code == ErrorCode.OBJECT_ALREADY_EXISTS
+    assert isinstance(errors[2], StoreError) and errors[2].code == StoreCode.OBJECT_ALREADY_EXISTS
     got = b.batch_get(["b0", "b1", "nope"])
     assert got[:2] == [b"x" * 10, b"y" * 20] and isinstance(got[2], ObjectNotFound)
     with pytest.raises(StoreError) as e:  # just read: leased
         a.remove("b0")
-    assert e.value.code == ErrorCode.OBJECT_HAS_LEASE
+    assert e.value.code == StoreCode.OBJECT_HAS_LEASE
     a.remove("b0", force=True)
     assert not b.exists("b0")
 
@@ -112,7 +112,7 @@ def test_get_into_numpy_and_torch(client: Callable[..., StoreClient]) -> None:
     assert a.get_into("t", ten) == len(data) and ten.numpy().tobytes() == data
     with pytest.raises(StoreError) as e:
         b.get_into("t", bytearray(10))
-    assert e.value.code == ErrorCode.BUFFER_OVERFLOW
+    assert e.value.code == StoreCode.BUFFER_OVERFLOW
     b.put("from-tensor", torch.arange(256, dtype=torch.uint8))
     assert a.get("from-tensor") == bytes(range(256))
 
@@ -228,7 +228,7 @@ def test_malformed_master_address_fails_at_once(address: str, make_engine) -> No
     t0 = time.monotonic()
     with pytest.raises(StoreError) as info:
         StoreClient(address, make_engine(), 0, timeout=1.0)
-    assert info.value.code == ErrorCode.RPC_FAIL
+    assert info.value.code == StoreCode.RPC_FAIL
     assert time.monotonic() - t0 < 2, "a malformed address must not wait for a timeout"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from mooncake_cli.store.errors import ErrorCode
+from mooncake_cli.store.errors import StoreCode
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.records import Mount, ReplicateConfig
 from mooncake_cli.store.service import MasterService
@@ -78,7 +78,7 @@ def test_a_batch_is_answered_before_its_objects_are_admitted_and_nobody_sees_bet
         seen["lease"] = st.objects["a"].lease_until
     gets = ask(svc, p.BatchGetReplicaList(["a", "nope", "b"]), leased)
     assert [(ok, code) for ok, code, *_ in gets] == [
-        (True, 0), (False, int(ErrorCode.OBJECT_NOT_FOUND)), (True, 0)]
+        (True, 0), (False, int(StoreCode.OBJECT_NOT_FOUND)), (True, 0)]
     assert seen["lease"] == 0.0 and st.objects["a"].lease_until > 0  # leased after the answer
 
 
@@ -86,13 +86,13 @@ def test_a_key_twice_in_one_deferred_batch_acts_as_one_by_one(svc) -> None:  # t
     st = svc.master.objects.state
     starts = ask(svc, p.BatchPutStart(["x", "x", "y"], [10, 10, 10], None))
     assert [(ok, code) for ok, code, *_ in starts] == [
-        (True, 0), (False, int(ErrorCode.OBJECT_ALREADY_EXISTS)), (True, 0)]
+        (True, 0), (False, int(StoreCode.OBJECT_ALREADY_EXISTS)), (True, 0)]
     ends = ask(svc, p.BatchPutEnd(["x", "x", "y"], ["first", "second", "y"]))
     assert [ok for ok, *_ in ends] == [True] * 3  # the second end of x is a repeat
     assert st.objects["x"].replicas[0].checksum == "first" and st.counts["puts"] == 2
     again = ask(svc, p.BatchPutStart(["x", "x"], [10, 10], None, upsert=True))
     assert [(ok, code) for ok, code, *_ in again] == [
-        (True, 0), (False, int(ErrorCode.REPLICA_IS_NOT_READY))]
+        (True, 0), (False, int(StoreCode.REPLICA_IS_NOT_READY))]
     assert len(ask(svc, p.BatchGetReplicaList(["y", "y"]))) == 2
     assert st.objects["y"].lease_until > 0
 

@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from mooncake_cli.store import Mount, StoreMaster
-from mooncake_cli.store.errors import ErrorCode
+from mooncake_cli.store.errors import StoreCode
 from mooncake_cli.store.ha.acks import MAX_POLL_WAIT
 from mooncake_cli.store.ha.leader import NOT_LEADER
 from mooncake_cli.store.records import Replica
@@ -146,7 +146,7 @@ def test_an_owner_that_never_confirms_fails_the_put(durable: Any) -> None:
     assert peer.ask(p.PutStart("k", 10)).ok
     started = time.monotonic()
     reply = peer.ask(p.PutEnd("k"))
-    assert not reply.ok and reply.code == ErrorCode.RPC_FAIL
+    assert not reply.ok and reply.code == StoreCode.RPC_FAIL
     assert "did not confirm" in reply.message and time.monotonic() - started >= 0.5
     other = peer.ask(p.Exists("other"))  # the service kept serving meanwhile
     assert other.ok

@@ -10,11 +10,11 @@ import pytest
 from mooncake_cli.store import (
     MAX_KEY_BYTES,
     MAX_OBJECT_SIZE,
-    ErrorCode,
     Mount,
     Replica,
     ReplicaStatus,
     ReplicateConfig,
+    StoreCode,
     StoreError,
     StoreMaster,
 )
@@ -53,7 +53,7 @@ def test_bad_keys_are_refused_and_change_nothing(master: StoreMaster, key: objec
                  lambda: master.remove(key, force=True)):  # type: ignore[arg-type]
         with pytest.raises(InvalidKey) as e:
             call()
-        assert e.value.code == ErrorCode.INVALID_KEY
+        assert e.value.code == StoreCode.INVALID_KEY
     assert snapshot(master) == before
 
 
@@ -97,7 +97,7 @@ def test_longest_key_is_accepted(master: StoreMaster) -> None:
 
 def test_error_codes_round_trip() -> None:
     assert isinstance(error_from_code(-704, "gone"), ObjectNotFound)
-    assert error_from_code(-706).code == ErrorCode.OBJECT_HAS_LEASE
+    assert error_from_code(-706).code == StoreCode.OBJECT_HAS_LEASE
     e = error_from_code(-800, "wire")
-    assert type(e) is StoreError and e.code == ErrorCode.TRANSFER_FAIL and str(e) == "wire"
-    assert error_from_code(-123456).code == ErrorCode.INTERNAL_ERROR
+    assert type(e) is StoreError and e.code == StoreCode.TRANSFER_FAIL and str(e) == "wire"
+    assert error_from_code(-123456).code == StoreCode.INTERNAL_ERROR

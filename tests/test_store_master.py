@@ -12,10 +12,10 @@ import pytest
 
 from mooncake_cli.store import (
     MAX_KEY_BYTES,
-    ErrorCode,
     Mount,
     ReplicaStatus,
     ReplicateConfig,
+    StoreCode,
     StoreError,
     StoreMaster,
     TickReport,
@@ -84,7 +84,7 @@ def test_not_enough_segments_or_too_big_is_refused_without_change(master: StoreM
     before = snapshot(master)
     with pytest.raises(NoAvailableHandle) as e:
         master.put_start("x", MiB + 1)  # larger than every segment: nothing is evicted for it
-    assert e.value.code == ErrorCode.NO_AVAILABLE_HANDLE == -200
+    assert e.value.code == StoreCode.NO_AVAILABLE_HANDLE == -200
     assert snapshot(master) == before
     with pytest.raises(NoAvailableHandle):
         StoreMaster().put_start("x", 10)  # no segment at all
@@ -161,7 +161,7 @@ def test_lease_blocks_remove_until_it_expires(master: StoreMaster, clock: FakeCl
     clock.advance(4)
     with pytest.raises(ObjectHasLease) as e:
         master.remove("k")
-    assert e.value.code == ErrorCode.OBJECT_HAS_LEASE == -706
+    assert e.value.code == StoreCode.OBJECT_HAS_LEASE == -706
     assert master.exists("k")  # exists renews the lease too: now until t+4+5
     clock.advance(4.5)
     with pytest.raises(ObjectHasLease):

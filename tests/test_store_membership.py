@@ -11,12 +11,12 @@ import pytest
 
 from mooncake_cli.store import Mount, Replica, ReplicateConfig, StoreError, StoreMaster
 from mooncake_cli.store.errors import (
-    ErrorCode,
     InvalidParams,
     InvalidReplica,
     ObjectAlreadyExists,
     SegmentAlreadyExists,
     SegmentNotFound,
+    StoreCode,
 )
 from tests.helpers.clock import FakeClock
 
@@ -75,7 +75,7 @@ def test_unmount_drops_replicas_and_objects_left_without_any() -> None:
     assert m.list() == ["both"]
     with pytest.raises(SegmentNotFound) as e:
         m.unmount_segment("a")
-    assert e.value.code == ErrorCode.SEGMENT_NOT_FOUND == -101
+    assert e.value.code == StoreCode.SEGMENT_NOT_FOUND == -101
     assert m.stats().tiers["dram"].capacity == MiB
 
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mooncake_cli.app import app
-from mooncake_cli.store import ErrorCode, ReplicateConfig, StoreError
+from mooncake_cli.store import ReplicateConfig, StoreCode, StoreError
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.errors import ObjectNotFound
 from mooncake_cli.store.master import StoreMaster
@@ -110,7 +110,7 @@ def test_metrics_count_what_was_put(service: MasterService,
         b.get("missing")
     with pytest.raises(StoreError) as e:
         a.put("k0", b"again")
-    assert e.value.code == ErrorCode.OBJECT_ALREADY_EXISTS
+    assert e.value.code == StoreCode.OBJECT_ALREADY_EXISTS
 
     s = parse(fetch(service.metrics_url)[2])
     stats = service.master.stats()

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import zmq
 
-from mooncake_cli.store import ErrorCode, StoreError
+from mooncake_cli.store import StoreCode, StoreError
 from mooncake_cli.store.client import StoreClient
 from mooncake_cli.store.wire import protocol as p
 from tests.conftest import free_port
@@ -87,9 +87,9 @@ def test_malformed_requests_get_errors_and_change_nothing(master: Proc, raw: Any
     for what, body in BAD.items():
         reply = ask(sock, body)
         assert not reply.ok, what
-        assert reply.code in (ErrorCode.INVALID_PARAMS, ErrorCode.INVALID_KEY), (what, reply)
+        assert reply.code in (StoreCode.INVALID_PARAMS, StoreCode.INVALID_KEY), (what, reply)
     reply = ask(sock, enc(op="exists", key="k"), b"mac?", b"third frame")
-    assert reply.code == ErrorCode.INVALID_PARAMS
+    assert reply.code == StoreCode.INVALID_PARAMS
     req = raw(address, zmq.REQ)  # a REQ peer's delimiter frame is understood too
     assert p.decode_reply(req.send(enc(op="exists", key="k")) or req.recv()).ok
     after = p.result(ask(sock, enc(op="stats")), p.StoreStats)
@@ -104,8 +104,8 @@ def test_batch_replies_one_result_per_key(master: Proc, raw: Any) -> None:
     items = p.result(ask(sock, enc(op="batch_put_start", keys=["a", "a", "b"],
                                    sizes=[10, 10, 1 << 30])), list[p.Reply])
     assert [i.ok for i in items] == [True, False, False]
-    assert items[1].code == ErrorCode.OBJECT_ALREADY_EXISTS
-    assert items[2].code == ErrorCode.NO_AVAILABLE_HANDLE
+    assert items[1].code == StoreCode.OBJECT_ALREADY_EXISTS
+    assert items[2].code == StoreCode.NO_AVAILABLE_HANDLE
 
 
 def test_secret_refuses_bad_macs(raw: Any, make_engine: Callable[..., Any]) -> None:
@@ -116,13 +116,13 @@ def test_secret_refuses_bad_macs(raw: Any, make_engine: Callable[..., Any]) -> N
         body = enc(op="stats")
         for frames in ([body], [body, b"x" * 32], [body, p.mac(b"wrong", body)]):
             reply = ask(sock, *frames)
-            assert not reply.ok and reply.code == ErrorCode.RPC_FAIL
+            assert not reply.ok and reply.code == StoreCode.RPC_FAIL
         assert ask(sock, body, p.mac(SECRET.encode(), body)).ok
         engine = make_engine()
         for secret in (None, "wrong"):
             with pytest.raises(StoreError) as e:
                 StoreClient(address, engine, 1 << 20, secret=secret, timeout=2)
-            assert e.value.code == ErrorCode.RPC_FAIL
+            assert e.value.code == StoreCode.RPC_FAIL
         with StoreClient(address, engine, 1 << 20, secret=SECRET) as c:
             c.put("k", b"secret value")
             assert c.get("k") == b"secret value"
@@ -135,7 +135,7 @@ def test_dead_master_fails_fast(make_engine: Callable[..., Any]) -> None:
     t = time.monotonic()
     with pytest.raises(StoreError) as e:
         StoreClient(f"127.0.0.1:{free_port()}", engine, 1 << 20, timeout=0.5)
-    assert e.value.code == ErrorCode.RPC_FAIL and time.monotonic() - t < 3
+    assert e.value.code == StoreCode.RPC_FAIL and time.monotonic() - t < 3
 
 
 def test_master_gone_mid_session(make_engine: Callable[..., Any]) -> None:
@@ -147,7 +147,7 @@ def test_master_gone_mid_session(make_engine: Callable[..., Any]) -> None:
     for op in (lambda: c.get("k"), lambda: c.exists("k"), lambda: c.put("j", b"x")):
         with pytest.raises(StoreError) as e:
             op()
-        assert e.value.code == ErrorCode.RPC_FAIL
+        assert e.value.code == StoreCode.RPC_FAIL
     assert time.monotonic() - t < 5
     c.close()  # unmounting a dead master's segment must not hang either
 

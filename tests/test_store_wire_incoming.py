@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.errors import StoreCode, StoreError
 from mooncake_cli.store.records import Replica, ReplicaStatus, ReplicateConfig
 from mooncake_cli.store.reports import Gone, Held, HoldingsReport
 from mooncake_cli.store.wire import protocol as p
@@ -57,7 +57,7 @@ def test_a_replica_the_record_refuses_is_refused(bad: dict[str, Any]) -> None:
         msgspec.msgpack.Decoder(list[Replica]).decode(raw)  # the dataclass's own checks
     with pytest.raises(StoreError) as e:
         p.result(p.Reply(True, result=msgspec.Raw(raw)), list[Replica])
-    assert e.value.code == ErrorCode.RPC_FAIL
+    assert e.value.code == StoreCode.RPC_FAIL
 
 
 @pytest.mark.parametrize("held", [
@@ -107,7 +107,7 @@ def test_a_batch_start_on_one_segment_is_answered_in_short_and_reads_back_the_sa
     assert p.Run.of(_started(r, Replica("seg", 8192, 4096, host="h"))) is not None
     for other in (Replica("two", 8192, 4096, host="h"), Replica("seg", 8192, 100, host="h"),
                   Replica("seg", 8192, 4096, host="h", note_at=64, note_seq=1),
-                  StoreError("exists", ErrorCode.OBJECT_ALREADY_EXISTS)):
+                  StoreError("exists", StoreCode.OBJECT_ALREADY_EXISTS)):
         assert p.Run.of(_started(r, other)) is None  # anything else: the long answer
     assert p.Run.of(_started(r)) is None and p.Run.of([(r, r), (r,)]) is None
 
@@ -121,7 +121,7 @@ def test_a_short_answer_out_of_bounds_is_refused(bad: dict[str, Any]) -> None:
            **bad}
     with pytest.raises(StoreError, match="unexpected result") as e:
         p.result(p.Reply(True, 0, "", msgspec.Raw(msgspec.msgpack.encode(run))), STARTED)
-    assert e.value.code == ErrorCode.RPC_FAIL
+    assert e.value.code == StoreCode.RPC_FAIL
 
 
 def test_a_batch_get_of_one_segment_is_answered_in_short_with_each_checksum() -> None:

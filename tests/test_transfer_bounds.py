@@ -15,7 +15,7 @@ import zmq
 
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.registry import Registry
-from mooncake_cli.store.errors import ErrorCode
+from mooncake_cli.store.errors import StoreCode
 from mooncake_cli.store.wire import protocol
 from mooncake_cli.store.wire.fastlane import Lane, lane_name
 from mooncake_cli.transfer import wire
@@ -152,7 +152,7 @@ def test_a_segment_of_2_64_bytes_is_refused_and_stat_still_works(master: Proc) -
         "name": "evil", "client_id": "evil", "host": "h", "base": 0, "size": 2**64 - 1,
         "tier": "dram"}})
     reply = raw(address, evil)
-    assert not reply.ok and reply.code == ErrorCode.INVALID_PARAMS, reply
+    assert not reply.ok and reply.code == StoreCode.INVALID_PARAMS, reply
     assert "segment size" in reply.message
     stat = raw(address, protocol.encode(protocol.Stats()))
     assert stat.ok, stat

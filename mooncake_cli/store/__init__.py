@@ -6,7 +6,7 @@ use)."""
 from types import MappingProxyType
 from typing import Any
 
-from mooncake_cli.store.errors import ErrorCode, StoreError, error_from_code
+from mooncake_cli.store.errors import StoreCode, StoreError, error_from_code
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.records import (
     MAX_KEY_BYTES,
@@ -23,7 +23,7 @@ from mooncake_cli.store.records import (
 )
 
 __all__ = [
-    "MAX_KEY_BYTES", "MAX_OBJECT_SIZE", "MAX_REPLICAS", "ErrorCode", "ObjectMeta", "Replica",
+    "MAX_KEY_BYTES", "MAX_OBJECT_SIZE", "MAX_REPLICAS", "StoreCode", "ObjectMeta", "Replica",
     "ReplicaStatus", "ReplicateConfig", "Mount", "StoreError", "StoreMaster", "StoreStats",
     "TickReport", "TierStats", "error_from_code",
 ]

@@ -1,6 +1,6 @@
 """Store error codes and the exceptions that carry them.
 
-The numbers mirror upstream Mooncake's `ErrorCode` (mooncake-store/include/types.h), so a code
+The numbers mirror upstream Mooncake's `StoreCode` (mooncake-store/include/types.h), so a code
 that crosses the wire or reaches the compat API means the same thing as upstream's. The values
 are written from memory of upstream's header (the wheel ships no header to check them against);
 -200, -704 and -706 are the ones the issue quotes.
@@ -39,7 +39,7 @@ from types import MappingProxyType
 from mooncake_cli.interfaces import MooncakeError
 
 
-class ErrorCode(enum.IntEnum):
+class StoreCode(enum.IntEnum):
     OK = 0
     INTERNAL_ERROR = -1
     BUFFER_OVERFLOW = -10
@@ -78,83 +78,83 @@ class ErrorCode(enum.IntEnum):
 
 
 class StoreError(MooncakeError):
-    """A store operation was refused; `code` is the upstream-compatible negative ErrorCode."""
+    """A store operation was refused; `code` is the upstream-compatible negative StoreCode."""
 
-    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+    code: StoreCode = StoreCode.INTERNAL_ERROR
 
-    def __init__(self, message: str = "", code: ErrorCode | int | None = None) -> None:
+    def __init__(self, message: str = "", code: StoreCode | int | None = None) -> None:
         if code is not None:
-            self.code = ErrorCode(code)
+            self.code = StoreCode(code)
         super().__init__(message or self.code.name.lower().replace("_", " "))
 
 
 class SegmentNotFound(StoreError):
-    code = ErrorCode.SEGMENT_NOT_FOUND
+    code = StoreCode.SEGMENT_NOT_FOUND
 
 
 class SegmentAlreadyExists(StoreError):
-    code = ErrorCode.SEGMENT_ALREADY_EXISTS
+    code = StoreCode.SEGMENT_ALREADY_EXISTS
 
 
 class NoAvailableHandle(StoreError):
-    code = ErrorCode.NO_AVAILABLE_HANDLE
+    code = StoreCode.NO_AVAILABLE_HANDLE
 
 
 class InvalidKey(StoreError):
-    code = ErrorCode.INVALID_KEY
+    code = StoreCode.INVALID_KEY
 
 
 class InvalidParams(StoreError):
-    code = ErrorCode.INVALID_PARAMS
+    code = StoreCode.INVALID_PARAMS
 
 
 class InvalidWrite(StoreError):
-    code = ErrorCode.INVALID_WRITE
+    code = StoreCode.INVALID_WRITE
 
 
 class InvalidReplica(StoreError):
-    code = ErrorCode.INVALID_REPLICA
+    code = StoreCode.INVALID_REPLICA
 
 
 class ReplicaNotReady(StoreError):
-    code = ErrorCode.REPLICA_IS_NOT_READY
+    code = StoreCode.REPLICA_IS_NOT_READY
 
 
 class ObjectNotFound(StoreError):
-    code = ErrorCode.OBJECT_NOT_FOUND
+    code = StoreCode.OBJECT_NOT_FOUND
 
 
 class ObjectAlreadyExists(StoreError):
-    code = ErrorCode.OBJECT_ALREADY_EXISTS
+    code = StoreCode.OBJECT_ALREADY_EXISTS
 
 
 class ObjectHasLease(StoreError):
-    code = ErrorCode.OBJECT_HAS_LEASE
+    code = StoreCode.OBJECT_HAS_LEASE
 
 
 class BufferOverflow(StoreError):
     """get_into was given a buffer smaller than the object."""
 
-    code = ErrorCode.BUFFER_OVERFLOW
+    code = StoreCode.BUFFER_OVERFLOW
 
 
 class ChecksumMismatch(StoreError):
     """Every replica read failed its checksum (a client never returns such bytes)."""
 
-    code = ErrorCode.INVALID_READ
+    code = StoreCode.INVALID_READ
 
 
 class TransferFailed(StoreError):
-    code = ErrorCode.TRANSFER_FAIL
+    code = StoreCode.TRANSFER_FAIL
 
 
 class RpcFailed(StoreError):
     """The master did not answer in time, or answered something unreadable."""
 
-    code = ErrorCode.RPC_FAIL
+    code = StoreCode.RPC_FAIL
 
 
-_BY_CODE: Mapping[ErrorCode, type[StoreError]] = MappingProxyType({
+_BY_CODE: Mapping[StoreCode, type[StoreError]] = MappingProxyType({
     cls.code: cls for cls in (SegmentNotFound, SegmentAlreadyExists, NoAvailableHandle,
                               InvalidKey, InvalidParams, InvalidWrite, InvalidReplica,
                               ReplicaNotReady, ObjectNotFound, ObjectAlreadyExists,
@@ -166,8 +166,8 @@ def error_from_code(code: int, message: str = "") -> StoreError:
     """The exception for a code received over the wire (its subclass when there is one; the
     client-side ones above, BufferOverflow and after, never cross the wire)."""
     try:
-        ec = ErrorCode(code)
+        ec = StoreCode(code)
     except ValueError:
-        return StoreError(message or f"unknown store error {code}", ErrorCode.INTERNAL_ERROR)
+        return StoreError(message or f"unknown store error {code}", StoreCode.INTERNAL_ERROR)
     cls = _BY_CODE.get(ec)
     return cls(message) if cls is not None else StoreError(message, ec)

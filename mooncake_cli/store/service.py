@@ -32,7 +32,7 @@ from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.heap import wait_settling
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.signals import StopFlag, stop_signals
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.errors import StoreCode, StoreError
 from mooncake_cli.store.ha.acks import Acks, Pending
 from mooncake_cli.store.ha.leader import LeaderInfo, NotLeader
 from mooncake_cli.store.master import StoreMaster
@@ -88,7 +88,7 @@ class MasterService:
         except zmq.ZMQError as e:
             self._sock.close()
             self._ctx.term()
-            raise StoreError(f"cannot listen on {host}:{port}: {e}", ErrorCode.RPC_FAIL) from e
+            raise StoreError(f"cannot listen on {host}:{port}: {e}", StoreCode.RPC_FAIL) from e
         self.address = f"{host}:{self.port}"
         self.metrics: MetricsServer | None = None
         if metrics_port is not None:
@@ -98,7 +98,7 @@ class MasterService:
                 self._sock.close()
                 self._ctx.term()
                 raise StoreError(f"cannot serve metrics on {host}:{metrics_port}: {e}",
-                                 ErrorCode.RPC_FAIL) from e
+                                 StoreCode.RPC_FAIL) from e
         self.metrics_url = self.metrics.url if self.metrics else None
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._serve, name="mooncake-store-rpc",
@@ -198,12 +198,12 @@ class MasterService:
         try:
             if len(frames) not in (1, 2):
                 raise StoreError(f"a request is 1 or 2 frames, not {len(frames)}",
-                                 ErrorCode.INVALID_PARAMS)
+                                 StoreCode.INVALID_PARAMS)
             body = frames[0]
             if self._secret is not None and (
                     len(frames) != 2 or not protocol.mac_ok(self._secret, body, frames[1])):
                 raise StoreError("request refused: missing or bad MAC (wrong secret?)",
-                                 ErrorCode.RPC_FAIL)
+                                 StoreCode.RPC_FAIL)
             return protocol.decode_request(body)
         except StoreError as e:
             return protocol.encode(protocol.error(e))

@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.errors import StoreCode, StoreError
 from mooncake_cli.store.ha.leader import NotLeader
 from mooncake_cli.store.ha.notes import Notes
 from mooncake_cli.store.master import StoreMaster
@@ -130,7 +130,7 @@ class Acks:
             return p.error(StoreError(f"{type(request).__name__}: the owner of a replica did "
                                       f"not confirm the change within {self.timeout:g} s; it "
                                       f"may not survive a failover of the master",
-                                      ErrorCode.RPC_FAIL))
+                                      StoreCode.RPC_FAIL))
         return Pending(ready, answer, time.monotonic() + self.timeout)
 
     def _start(self, master: StoreMaster, request: p.PutStart | p.BatchPutStart) -> p.Reply:
@@ -262,7 +262,7 @@ def _started(request: p.PutStart | p.BatchPutStart, value: Any
 def _missing(request: p.Request, reply: p.Reply) -> bool:
     """Whether a read's reply says a key is absent (not found, or exists False)."""
     if not reply.ok:
-        return reply.code == ErrorCode.OBJECT_NOT_FOUND
+        return reply.code == StoreCode.OBJECT_NOT_FOUND
     if isinstance(request, p.Exists):
         return bytes(reply.result) == _FALSE
     if isinstance(request, (p.BatchGetReplicaList, p.BatchExists, p.BatchDescribe)):
@@ -270,6 +270,6 @@ def _missing(request: p.Request, reply: p.Reply) -> bool:
             items = msgspec.msgpack.decode(reply.result, type=list[p.Reply])
         except (msgspec.DecodeError, msgspec.ValidationError):
             return False
-        return any(not i.ok and i.code == ErrorCode.OBJECT_NOT_FOUND
+        return any(not i.ok and i.code == StoreCode.OBJECT_NOT_FOUND
                    or bytes(i.result) == _FALSE for i in items)
     return False

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import msgspec
 
 from mooncake_cli.etcd import EtcdClients, EtcdUrl, is_etcd
-from mooncake_cli.store.errors import ErrorCode, RpcFailed, StoreError
+from mooncake_cli.store.errors import RpcFailed, StoreCode, StoreError
 
 KEY_PREFIX = "/mooncake/store/"
-NOT_LEADER = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS  # the code a standby answers with
+NOT_LEADER = StoreCode.UNAVAILABLE_IN_CURRENT_STATUS  # the code a standby answers with
 
 
 class NotLeader(StoreError):

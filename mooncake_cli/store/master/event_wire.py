@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.errors import StoreCode, StoreError
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _ENCODER = msgspec.msgpack.Encoder()
@@ -42,7 +42,7 @@ def replay_of(endpoint: str) -> str:
     base, _, port = endpoint.rpartition(":")
     if not endpoint.startswith("tcp://") or not port.isdigit():
         raise StoreError(f"kv events endpoint {endpoint!r}: use tcp://HOST:PORT or ipc://PATH",
-                         ErrorCode.INVALID_PARAMS)
+                         StoreCode.INVALID_PARAMS)
     return f"{base}:{int(port) + 1 if int(port) else 0}"
 
 
@@ -56,7 +56,7 @@ def _bind(sock: zmq.Socket, endpoint: str) -> str:
         sock.bind(endpoint)
     except zmq.ZMQError as e:
         raise StoreError(f"cannot publish kv events on {endpoint}: {e}",
-                         ErrorCode.RPC_FAIL) from None
+                         StoreCode.RPC_FAIL) from None
     return endpoint
 
 

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import msgspec
 
-from mooncake_cli.store.errors import ErrorCode, InvalidParams, StoreError, error_from_code
+from mooncake_cli.store.errors import InvalidParams, StoreCode, StoreError, error_from_code
 from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.wire import incoming
 from mooncake_cli.store.wire.requests import *  # noqa: F403  (every request, for callers)
@@ -95,7 +95,7 @@ def decode_reply(body: bytes) -> Reply:
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise StoreError(f"malformed reply from the master: {e} (a master of another "
                          "mooncake-cli version? masters and clients run the same one)",
-                         ErrorCode.RPC_FAIL) from None
+                         StoreCode.RPC_FAIL) from None
 
 
 # by kind: the types the client asks (records that replies carry many of: incoming.py)
@@ -126,7 +126,7 @@ def result(reply: Reply, kind: Any, decoder: Any = None) -> Any:
         return (decoder or _decoder(kind)).decode(reply.result)
     except (msgspec.DecodeError, msgspec.ValidationError, StoreError) as e:  # StoreError: a
         # record's own checks refused it
-        raise StoreError(f"unexpected result from the master: {e}", ErrorCode.RPC_FAIL) from None
+        raise StoreError(f"unexpected result from the master: {e}", StoreCode.RPC_FAIL) from None
 
 
 _BATCH: dict[Any, Any] = {}

@@ -26,7 +26,7 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.store import ErrorCode, StoreError
+from mooncake_cli.store import StoreCode, StoreError
 
 from mooncake_lmcache.link import StoreLink
 from mooncake_lmcache.settings import load
@@ -130,7 +130,7 @@ class MooncakeStoreConnector(RemoteConnector):
                 except ValueError as e:
                     log.warning("mooncake store: %s is %d bytes, not whole tokens of this "
                                 "engine's layout (%s); treated as a miss", names[j], n, e)
-            elif isinstance(n, StoreError) and n.code != ErrorCode.OBJECT_NOT_FOUND:
+            elif isinstance(n, StoreError) and n.code != StoreCode.OBJECT_NOT_FOUND:
                 log.warning("mooncake store get %s: %s", names[j], n)
             obj.ref_count_down()
         for i, o in enumerate(objs):
@@ -186,7 +186,7 @@ class MooncakeStoreConnector(RemoteConnector):
         errors = self.link.guard(
             "put", lambda: self.link.client.batch_put(names, views, self.link.replicate), none)
         for name, err in zip(names, errors, strict=False):
-            if err is not None and err.code != ErrorCode.OBJECT_ALREADY_EXISTS:
+            if err is not None and err.code != StoreCode.OBJECT_ALREADY_EXISTS:
                 log.warning("mooncake store put %s: %s", name, err)
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
