@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -25,12 +25,15 @@ from tests.helpers import skips
 from tests.helpers.procs import kill, read_until, remove_shm_of
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.02,
-             what: str = "condition") -> object:
-    """Poll `cond` until it returns something truthy; fail the test after `timeout` seconds."""
+def wait_for(cond: Callable[[], T], timeout: float, interval: float = 0.02,
+             what: str = "condition") -> T:
+    """Poll `cond` until it returns something truthy (returned); fail the test after `timeout`
+    seconds. The plugins' tests use it too (their pytest config puts the repository on
+    sys.path)."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
@@ -41,8 +44,8 @@ def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.02,
         time.sleep(interval)  # sleep: poll
 
 
-async def async_wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.005,
-                         what: str = "condition") -> object:
+async def async_wait_for(cond: Callable[[], T], timeout: float, interval: float = 0.005,
+                         what: str = "condition") -> T:
     """wait_for inside an event loop: the loop runs (other tasks, callbacks) between looks."""
     deadline = time.monotonic() + timeout
     while True:

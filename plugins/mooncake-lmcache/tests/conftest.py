@@ -3,7 +3,6 @@ commands a user runs), and a plain StoreClient in the test process to inspect th
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -13,12 +12,7 @@ from mooncake_cli.store.client import StoreClient
 from mooncake_cli.transfer.engine import TransferEngine
 
 from mooncake_lmcache.procs import StoreProcs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import free_port
 
 
 @pytest.fixture

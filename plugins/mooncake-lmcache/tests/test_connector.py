@@ -8,9 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import torch
@@ -19,24 +17,13 @@ from mooncake_cli.store.errors import ObjectHasLease
 
 from mooncake_lmcache import harness as h
 from mooncake_lmcache.procs import StoreProcs
+from tests.conftest import wait_for
 
 LAYOUT = h.KVLayout(num_layers=4, num_heads=2, head_size=64, chunk_size=256)
 N = 600  # two full chunks and a partial one
 ENGINE_PROC = Path(__file__).with_name("engine_proc.py")
-T = TypeVar("T")
-
-
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
-
-
-def wait_until(cond: Callable[[], T], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def chunk_keys(inspector: StoreClient) -> list[str]:
@@ -57,7 +44,8 @@ def stored(store: StoreProcs, inspector: StoreClient, kv: torch.Tensor, toks: to
     writer = h.build("writer", LAYOUT, h.mooncake_config(store.master, **settings))
     try:
         writer.store(toks, kvcaches=kv)
-        new = wait_until(lambda: new_keys(inspector, before, 3), 20, "the writer's 3 chunks")
+        new = wait_for(lambda: new_keys(inspector, before, 3), 20,
+                       what="the writer's 3 chunks")
     finally:
         h.destroy(writer)
     return new

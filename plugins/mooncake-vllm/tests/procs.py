@@ -16,12 +16,6 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def port_open(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), 0.5).close()
@@ -35,7 +29,7 @@ def poll(check: Callable[[], T | None], timeout: float, interval: float = 0.2) -
     when `timeout` seconds pass first."""
     deadline = time.monotonic() + timeout
     while (got := check()) is None and time.monotonic() < deadline:
-        time.sleep(interval)
+        time.sleep(interval)  # sleep: poll
     return got
 
 

@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from procs import Proc, free_port, port_open
+from procs import Proc, port_open
+
+from tests.conftest import free_port
 
 PLUGIN = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("MOONCAKE_VLLM_UPSTREAM", PLUGIN / ".upstream"))

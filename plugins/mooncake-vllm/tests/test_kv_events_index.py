@@ -17,10 +17,12 @@ from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.http import jsonhttp
 from mooncake_cli.http.auth import Signer
-from procs import free_port, poll
+from procs import poll
 from prompts import long_prompt
 from sides import base_env
 from vllm_server import VllmServer
+
+from tests.conftest import free_port
 
 SECRET = "kv-events-test"
 BS = 32  # vLLM's CPU attention takes multiples of 32

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import free_port
 from prompts import short_prompts
 from sides import Side, upstream_missing
 from vllm_server import HITS, MAX_TOKENS, VllmServer
+
+from tests.conftest import free_port
 
 # (side, mooncake_protocol): "auto" is ours only (upstream 0.3.13 has no such protocol)
 CASES = [("ours", "tcp"), ("ours", "auto"), ("upstream", "tcp")]

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from procs import Proc, free_port
+from procs import Proc, poll
+
+from tests.conftest import free_port
 
 START_S = 900.0  # one start is ~35 s on an idle 2-core host, minutes when it is shared
 REQUEST_S = 300.0
@@ -76,12 +77,7 @@ class VllmServer:
     def hits_since(self, before: float, name: str = HITS) -> float:
         """How far counter `name` rose past `before`: the counter follows the response by a
         moment (it is updated with the request's stats), so it is polled for up to 10 s."""
-        deadline = time.monotonic() + 10
-        gained = self.metric(name) - before
-        while gained == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            gained = self.metric(name) - before
-        return gained
+        return poll(lambda: (self.metric(name) - before) or None, 10) or 0.0
 
     def log_has(self, needle: str) -> bool:
         try:
