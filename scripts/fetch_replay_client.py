@@ -32,8 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mooncake_cli.bench.trace_file import TraceRequest, load_trace
 from mooncake_cli.bench.trace_live import Outcome, ReplayConfig, replay, send, synthesise
+from mooncake_cli.sim.trace import TraceRequest, load_trace
 
 
 def conversations(window: float, count: int, time_scale: float) -> list[TraceRequest]:

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mooncake_cli.app import app
-from mooncake_cli.bench.trace_file import load_trace
+from mooncake_cli.sim.trace import load_trace
 from mooncake_cli.store.eviction.bounds import belady, ceiling
 from mooncake_cli.store.eviction.compare import compare
 from mooncake_cli.store.eviction.replay import replay

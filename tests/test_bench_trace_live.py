@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mooncake_cli.bench.trace_file import TraceRequest
 from mooncake_cli.bench.trace_live import Outcome, ReplayConfig, synthesise
+from mooncake_cli.sim.trace import TraceRequest
 from tests.helpers.store_procs import REPO, _env
 
 

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mooncake_cli.bench.trace_file import TraceRequest
 from mooncake_cli.bench.trace_live import ReplayConfig, long_prompts, synthesise
 from mooncake_cli.bench.trace_predict import sim_requests
+from mooncake_cli.sim.trace import TraceRequest
 from tests.helpers.smollm import NAME, gguf_path
 from tests.helpers.store_procs import REPO, _env
 

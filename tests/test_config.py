@@ -213,10 +213,10 @@ def test_bad_boolean_and_sizes_in_other_dataclasses(tmp_path: Path) -> None:
 def test_every_role_has_its_own_variables() -> None:
     """Set every role's variables at once: none leaks into another (MOONCAKE_PREFILL was the
     conductor's URLs and the simulator's instance count at the same time)."""
-    from mooncake_cli.bench.sim_config import SimConfig
     from mooncake_cli.config.conductor import ConductorConfig
     from mooncake_cli.config.store import StoreConfig
     from mooncake_cli.config.worker import WorkerConfig
+    from mooncake_cli.sim.settings import SimConfig
 
     env = {"MOONCAKE_CONDUCTOR_PORT": "8001", "MOONCAKE_CONDUCTOR_PREFILL": "http://p:1,p:2",
            "MOONCAKE_CONDUCTOR_BLOCK_SIZE": "32", "MOONCAKE_BENCH_TRACE_PREFILL": "3",

@@ -12,13 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from mooncake_cli.app import app
-from mooncake_cli.bench.sim_cluster import colocated, disaggregated
-from mooncake_cli.bench.sim_config import SimConfig
-from mooncake_cli.bench.sim_events import SimRecord
-from mooncake_cli.bench.sim_metrics import capacity, percentile
-from mooncake_cli.bench.trace_file import TraceRequest, load_trace, prefix_ceiling
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.scheduler.costmodel import paper
+from mooncake_cli.sim.cluster import colocated, disaggregated
+from mooncake_cli.sim.events import SimRecord
+from mooncake_cli.sim.metrics import capacity, percentile
+from mooncake_cli.sim.settings import SimConfig
+from mooncake_cli.sim.trace import TraceRequest, load_trace, prefix_ceiling
 
 TRACE = "conversation"  # the FAST'25 trace shipped with the package (mooncake_cli/data)
 runner = CliRunner()

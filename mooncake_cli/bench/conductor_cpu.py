@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mooncake_cli.bench.role_procs import RoleProcs, RoleSpec
-from mooncake_cli.bench.trace_file import TRACE_BLOCK_TOKENS, TraceRequest
 from mooncake_cli.bench.trace_live import ReplayConfig, replay
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.sim.trace import TRACE_BLOCK_TOKENS, TraceRequest
 
 BLOCK = 16  # synthesised tokens per hash id
 

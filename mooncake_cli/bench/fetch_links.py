@@ -21,13 +21,13 @@ import argparse
 import json
 from typing import Any
 
-from mooncake_cli.bench.sim_cluster import disaggregated
-from mooncake_cli.bench.sim_config import SimConfig
-from mooncake_cli.bench.sim_events import SimRecord
-from mooncake_cli.bench.trace_file import load_trace
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.scheduler.costmodel import paper
 from mooncake_cli.scheduler.links import Links
+from mooncake_cli.sim.cluster import disaggregated
+from mooncake_cli.sim.events import SimRecord
+from mooncake_cli.sim.settings import SimConfig
+from mooncake_cli.sim.trace import load_trace
 
 MODES = ("bandwidth-aware", "always-fetch", "always-recompute")
 

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mooncake_cli.bench.trace_file import TraceRequest, load_trace
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.scheduler.costmodel import paper
 from mooncake_cli.scheduler.scheduler import POLICIES, Decision, Scheduler, make_policy
 from mooncake_cli.scheduler.state import Cluster, Request
+from mooncake_cli.sim.trace import TraceRequest, load_trace
 
 Progress = Callable[[str, int, int], None]  # (label, done, total)
 Decide = Callable[[Scheduler, Request, float], tuple[str, str | None]]

@@ -22,10 +22,10 @@ from typing import Any
 
 import xxhash
 
-from mooncake_cli.bench.sim_metrics import spread
-from mooncake_cli.bench.trace_file import TRACE_BLOCK_TOKENS, TraceRequest
 from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.sim.metrics import spread
+from mooncake_cli.sim.trace import TRACE_BLOCK_TOKENS, TraceRequest
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mooncake_cli.bench.sim_cluster import disaggregated
-from mooncake_cli.bench.sim_config import SimConfig
-from mooncake_cli.bench.sim_metrics import summarize
-from mooncake_cli.bench.trace_file import TraceRequest
 from mooncake_cli.bench.trace_live import ReplayConfig, synthesise
 from mooncake_cli.conductor.seqhash import seq_hashes
 from mooncake_cli.config.conductor import PIPELINE
 from mooncake_cli.scheduler.online_cost import OnlineCostModel
+from mooncake_cli.sim.cluster import disaggregated
+from mooncake_cli.sim.metrics import summarize
+from mooncake_cli.sim.settings import SimConfig
+from mooncake_cli.sim.trace import TraceRequest
 
 CENTRIC = "kvcache-centric"
 

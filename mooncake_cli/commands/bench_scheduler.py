@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from mooncake_cli.bench.scheduler_scale import Decide, ScaleConfig, parse_sizes, run
-from mooncake_cli.bench.trace_file import DEFAULT_TRACE
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, ProgressBars
+from mooncake_cli.sim.trace import DEFAULT_TRACE
 
 
 def _human(rep: dict[str, Any]) -> Any:

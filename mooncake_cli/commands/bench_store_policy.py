@@ -10,9 +10,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from mooncake_cli.bench.trace_file import DEFAULT_TRACE, load_trace
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.output import Out, ProgressBars
+from mooncake_cli.sim.trace import DEFAULT_TRACE, load_trace
 from mooncake_cli.store.eviction.compare import compare, parse_policies, parse_shares
 
 

@@ -9,13 +9,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from mooncake_cli.bench.sim_config import SimConfig
-from mooncake_cli.bench.sim_run import simulate
-from mooncake_cli.bench.trace_file import DEFAULT_TRACE
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.config import load
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out, ProgressBars
+from mooncake_cli.sim.run import simulate
+from mooncake_cli.sim.settings import SimConfig
+from mooncake_cli.sim.trace import DEFAULT_TRACE
 
 
 def _f(x: Any, digits: int = 2) -> str:

@@ -13,7 +13,6 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from mooncake_cli.bench.trace_file import load_trace
 from mooncake_cli.bench.trace_live import ReplayConfig, long_prompts, replay
 from mooncake_cli.bench.trace_predict import CENTRIC, gains, learned_model, predict, sim_model
 from mooncake_cli.commands import bench_plot
@@ -23,6 +22,7 @@ from mooncake_cli.config.worker import WorkerConfig
 from mooncake_cli.interfaces import ConfigError
 from mooncake_cli.output import Out
 from mooncake_cli.scheduler.scheduler import POLICIES
+from mooncake_cli.sim.trace import load_trace
 from mooncake_cli.worker.engines import NATIVE, worker_class
 
 

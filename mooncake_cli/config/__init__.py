@@ -69,7 +69,7 @@ TABLES = {
     "bench_transfer": "mooncake_cli.bench.transfer:BenchTransferConfig",
     "bench_store": "mooncake_cli.bench.store:BenchStoreConfig",
     "bench_workers": "mooncake_cli.bench.workers:BenchWorkersConfig",
-    "bench_trace": "mooncake_cli.bench.sim_config:SimConfig",
+    "bench_trace": "mooncake_cli.sim.settings:SimConfig",
     "bench_profile": "mooncake_cli.bench.profile:ProfileConfig",
 }
 RENAMED = {"bench": "bench_transfer", "bench-store": "bench_store",

@@ -10,17 +10,17 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from mooncake_cli.bench.sim_cluster import colocated, disaggregated
-from mooncake_cli.bench.sim_config import BASELINES, SimConfig
-from mooncake_cli.bench.sim_metrics import summarize, tbt_values, ttft_values
-from mooncake_cli.bench.trace_file import (
+from mooncake_cli.interfaces import ConfigError
+from mooncake_cli.scheduler.costmodel import CostModel, load_profile, paper
+from mooncake_cli.sim.cluster import colocated, disaggregated
+from mooncake_cli.sim.metrics import summarize, tbt_values, ttft_values
+from mooncake_cli.sim.settings import BASELINES, SimConfig
+from mooncake_cli.sim.trace import (
     TRACE_BLOCK_TOKENS,
     TraceRequest,
     load_trace,
     prefix_ceiling,
 )
-from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.scheduler.costmodel import CostModel, load_profile, paper
 
 # progress(label, done, total)
 SimProgress = Callable[[str, int, int], None]

@@ -10,15 +10,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mooncake_cli.bench.sim_batch import BatchInstance
-from mooncake_cli.bench.sim_config import SimConfig
-from mooncake_cli.bench.sim_events import EventLoop, SimRecord
-from mooncake_cli.bench.trace_file import TraceRequest
 from mooncake_cli.scheduler.costmodel import CostModel, transfer_time
 from mooncake_cli.scheduler.estimate import Candidate
 from mooncake_cli.scheduler.links import Links
 from mooncake_cli.scheduler.scheduler import Decision, Scheduler, make_policy
 from mooncake_cli.scheduler.state import Cluster, InstanceState, Request
+from mooncake_cli.sim.batch import BatchInstance
+from mooncake_cli.sim.events import EventLoop, SimRecord
+from mooncake_cli.sim.settings import SimConfig
+from mooncake_cli.sim.trace import TraceRequest
 
 Progress = Callable[[int, int], None]  # (requests scheduled, total)
 Explain = Callable[[dict[str, Any]], None]

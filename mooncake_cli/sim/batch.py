@@ -12,10 +12,10 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from mooncake_cli.bench.sim_events import EventLoop, SimRecord
 from mooncake_cli.scheduler.costmodel import CostModel
 from mooncake_cli.scheduler.index import CacheIndex
 from mooncake_cli.scheduler.state import InstanceState
+from mooncake_cli.sim.events import EventLoop, SimRecord
 
 
 class BatchInstance:

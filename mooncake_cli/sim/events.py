@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mooncake_cli.bench.trace_file import TraceRequest
+from mooncake_cli.sim.trace import TraceRequest
 
 
 class EventLoop:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mooncake_cli.bench.sim_events import SimRecord
+from mooncake_cli.sim.events import SimRecord
 
 
 def percentile(sorted_vals: Sequence[float], q: float) -> float | None:
