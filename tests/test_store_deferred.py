@@ -16,6 +16,7 @@ from mooncake_cli.store.master import StoreMaster
 from mooncake_cli.store.records import Mount, ReplicateConfig
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.store.wire import protocol as p
+from tests.helpers.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,8 +111,8 @@ def test_a_failing_send_still_runs_the_deferred_work(svc) -> None:  # type: igno
 def test_the_tick_expires_puts_from_the_puts_under_way_alone() -> None:
     """Housekeeping looks at the puts that have not ended (MasterState.pending), not at
     every object: each change of a put's state keeps that book."""
-    clock = [100.0]
-    m = StoreMaster(now=lambda: clock[0], put_timeout=5.0)
+    clock = FakeClock(100.0)
+    m = StoreMaster(now=clock, put_timeout=5.0)
     m.mount_segment(Mount("seg", "client-1", "127.0.0.1", 1 << 20, 64 << 20))
     m.heartbeat("client-1")
     st = m.objects.state
@@ -121,10 +122,10 @@ def test_the_tick_expires_puts_from_the_puts_under_way_alone() -> None:
     m.put_revoke("revoked")
     m.remove("dropped", force=True)
     assert list(st.pending) == ["late"]
-    clock[0] += 4.0
+    clock.advance(4.0)
     m.heartbeat("client-1")
     assert m.tick().discarded_puts == () and list(st.pending) == ["late"]
-    clock[0] += 2.0
+    clock.advance(2.0)
     m.heartbeat("client-1")
     assert m.tick().discarded_puts == ("late",)
     assert st.pending == {} and sorted(st.objects) == ["done"]

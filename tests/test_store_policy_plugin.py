@@ -20,6 +20,7 @@ from mooncake_cli.store.eviction import make_policy, policy_names
 from mooncake_cli.store.metrics import render
 from mooncake_cli.store.records import StoreStats
 from mooncake_cli.store.wire import protocol
+from tests.helpers.clock import FakeClock
 from tests.helpers.prom import value
 from tests.helpers.store_procs import Proc
 
@@ -77,8 +78,8 @@ def plugin_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_a_plugin_policy_orders_the_master(plugin_path: Path) -> None:
     assert {"fifo-test", "broken-test"} <= set(policy_names())
-    clock = [0.0]
-    m = StoreMaster(now=lambda: clock[0], eviction="fifo-test", lease_ttl=1.0,
+    clock = FakeClock()
+    m = StoreMaster(now=clock, eviction="fifo-test", lease_ttl=1.0,
                     high_watermark=1.0)
     assert m.policy.name == "fifo-test"
     m.mount_segment(Mount("s", "c", "h", 0, 4 * 4 * KiB))
@@ -86,7 +87,7 @@ def test_a_plugin_policy_orders_the_master(plugin_path: Path) -> None:
         m.put_start(k, 4 * KiB, ReplicateConfig())
         m.put_end(k)
     m.get_replica_list("a")  # under LRU, b would go first; first in is first out here
-    clock[0] = 2.0  # a's lease is over
+    clock.t = 2.0  # a's lease is over
     assert m.evict(1) == ["a"]
     assert m.list() == ["b", "c", "d"]
 
@@ -120,7 +121,7 @@ def test_cli_master_runs_a_plugin_policy_and_reports_it(plugin_path: Path) -> No
 
 
 def test_metrics_and_the_stats_reply_carry_the_policy_figures() -> None:
-    m = StoreMaster(now=lambda: 0.0, eviction="lfu", high_watermark=1.0)
+    m = StoreMaster(now=FakeClock(), eviction="lfu", high_watermark=1.0)
     m.mount_segment(Mount("s", "c", "h", 0, 4 * 4 * KiB))
     for i in range(6):  # two more than fit: two evictions for room
         m.put_start(f"k{i}", 4 * KiB)
