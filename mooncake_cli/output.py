@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 
@@ -51,15 +58,30 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
 
 
 class ProgressBars:
-    """One rich progress bar per label, created on first report: `bars(label, done, total)`."""
+    """Transient rich progress bars on `console`; `with bars.bar:` shows them while a run lasts.
 
-    def __init__(self, console: Console) -> None:
-        self.bar = Progress(TextColumn("{task.description:<22}"), BarColumn(),
-                            MofNCompleteColumn(), console=console, transient=True)
+    `bars(label, done, total)`: one bar per label, created on its first report. `bars.row(
+    elapsed, total, label)`: the same for the benchmarks whose rows report seconds measured
+    (shown with the time remaining when `timed`). `bars.single(label, done, total)`: one bar
+    whose description follows the label."""
+
+    def __init__(self, console: Console, *, width: int = 22, timed: bool = False) -> None:
+        last = TimeRemainingColumn() if timed else MofNCompleteColumn()
+        self.bar = Progress(TextColumn(f"{{task.description:<{width}}}"), BarColumn(), last,
+                            console=console, transient=True)
         self._tasks: dict[str, TaskID] = {}
 
-    def __call__(self, label: str, done: int, total: int) -> None:
+    def __call__(self, label: str, done: float, total: float) -> None:
         task = self._tasks.get(label)
         if task is None:
             task = self._tasks[label] = self.bar.add_task(label, total=total)
         self.bar.update(task, completed=done)
+
+    def row(self, elapsed: float, total: float, label: str) -> None:
+        self(label, elapsed, total)
+
+    def single(self, label: str, done: int, total: int) -> None:
+        task = self._tasks.get("")
+        if task is None:
+            task = self._tasks[""] = self.bar.add_task(label, total=total)
+        self.bar.update(task, completed=done, description=label)

@@ -8,7 +8,6 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape  # '[upstream]' in a hint is text
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from mooncake_cli.bench.session import Report, check_mode, run
@@ -17,7 +16,7 @@ from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.output import Out
+from mooncake_cli.output import Out, ProgressBars
 from mooncake_cli.registry import Registry
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks, reported side by side with ratios.")
@@ -66,21 +65,6 @@ def _human(reports: list[Report]) -> Any:
         for k, v in skipped.items():
             con.print(f"[yellow]{k} skipped:[/yellow] {escape(v)}", soft_wrap=True)
     return draw
-
-
-class _Bar:
-    """A rich progress bar on stderr, one line per measured row."""
-
-    def __init__(self, console: Console) -> None:
-        self.bar = Progress(TextColumn("{task.description:<26}"), BarColumn(),
-                            TimeRemainingColumn(), console=console, transient=True)
-        self._tasks: dict[str, TaskID] = {}
-
-    def __call__(self, elapsed: float, total: float, label: str) -> None:
-        task = self._tasks.get(label)
-        if task is None:
-            task = self._tasks[label] = self.bar.add_task(label, total=total)
-        self.bar.update(task, completed=elapsed)
 
 
 @app.command("transfer")
@@ -136,9 +120,9 @@ def transfer(
     if out.json:
         reports = run(cfg, base, registry, sweep, out.config_file)
     else:
-        bar = _Bar(out.err)
+        bar = ProgressBars(out.err, width=26, timed=True)
         with bar.bar:
-            reports = run(cfg, base, registry, sweep, out.config_file, bar)
+            reports = run(cfg, base, registry, sweep, out.config_file, bar.row)
     data = {"reports": [r.to_dict() for r in reports]}
     bench_plot.draw(out, "transfer", data, plot)
     out.emit(data, _human(reports))

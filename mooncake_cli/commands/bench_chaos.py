@@ -16,7 +16,7 @@ from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
 from mooncake_cli.heap import tune_heap
-from mooncake_cli.output import Out
+from mooncake_cli.output import Out, ProgressBars
 from mooncake_cli.registry import Registry
 
 
@@ -94,11 +94,9 @@ def chaos(
     if out.json:
         report = run(cfg, base, registry)
     else:
-        from mooncake_cli.commands.bench import _Bar
-
-        bar = _Bar(out.err)
+        bar = ProgressBars(out.err, width=26, timed=True)
         with bar.bar:
-            report = run(cfg, base, registry, bar)
+            report = run(cfg, base, registry, bar.row)
     data = report.to_dict()
     bench_plot.draw(out, "chaos", data, plot)
     out.emit(data, _human(report))

@@ -8,13 +8,12 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from mooncake_cli.commands import bench_plot
 from mooncake_cli.config import load
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.output import Out
+from mooncake_cli.output import Out, ProgressBars
 
 
 def _human(rep: dict[str, Any]) -> Any:
@@ -47,19 +46,6 @@ def _human(rep: dict[str, Any]) -> Any:
                           "--enable-prompt-tokens-details)" if n["none"] else ""))
         con.print(f"wrote {rep['output']}")
     return draw
-
-
-class _Bar:
-    def __init__(self, console: Console) -> None:
-        self.bar = Progress(TextColumn("{task.description:<24}"), BarColumn(),
-                            MofNCompleteColumn(), console=console, transient=True)
-        self._tasks: dict[str, TaskID] = {}
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        task = self._tasks.get("all")
-        if task is None:
-            task = self._tasks["all"] = self.bar.add_task(label, total=total)
-        self.bar.update(task, completed=done, description=label)
 
 
 def profile(
@@ -130,8 +116,8 @@ def profile(
     if out.json:
         rep = run()
     else:
-        bar = _Bar(out.err)
+        bar = ProgressBars(out.err, width=24)
         with bar.bar:
-            rep = run(bar)
+            rep = run(bar.single)
     bench_plot.draw(out, "profile", rep, plot)
     out.emit(rep, _human(rep))

@@ -15,7 +15,7 @@ from mooncake_cli.commands import bench_plot
 from mooncake_cli.commands import common as c
 from mooncake_cli.config import human_size, load
 from mooncake_cli.heap import tune_heap
-from mooncake_cli.output import Out
+from mooncake_cli.output import Out, ProgressBars
 from mooncake_cli.registry import Registry
 
 
@@ -108,11 +108,9 @@ def store(
     if out.json:
         reports = run(cfg, base, registry, out.config_file)
     else:
-        from mooncake_cli.commands.bench import _Bar
-
-        bar = _Bar(out.err)
+        bar = ProgressBars(out.err, width=26, timed=True)
         with bar.bar:
-            reports = run(cfg, base, registry, out.config_file, bar)
+            reports = run(cfg, base, registry, out.config_file, bar.row)
     data = {"mode": cfg.mode, "duration": cfg.duration,
             "reports": [r.to_dict() for r in reports]}
     bench_plot.draw(out, "store", data, plot)
