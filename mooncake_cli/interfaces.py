@@ -1,14 +1,16 @@
-"""Protocols every backend implements, and the plain records that cross process boundaries.
+"""The errors every role maps to a message, the plain records that cross process boundaries,
+and the protocols of tiers and eviction policies.
 
-A *transport* moves bytes between the registered memory of two engines; a *tier* provides
-memory (DRAM, SSD) that engines register and stores fill. Records here are plain frozen
-dataclasses that serialise to JSON, so descriptors can live in etcd or an HTTP server.
+A *tier* provides memory (DRAM, SSD) that engines register and stores fill. Records here are
+plain frozen dataclasses that serialise to JSON, so descriptors can live in etcd or an HTTP
+server. A *transport* (moving bytes between the registered memory of two engines) implements
+the service-provider interface of mooncake_cli/transfer/spi.py, and imports only that.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -89,108 +91,6 @@ class SegmentDescriptor:
             if r.base <= offset and offset + length <= r.base + r.length:
                 return r
         return None
-
-
-@runtime_checkable
-class Channel(Protocol):
-    """A connection from this engine to one peer segment. Not thread-safe: one user at a time."""
-
-    broken: bool  # True after an I/O error: the engine closes it and may retry once elsewhere
-    spin: bool  # set by the engine: False in worker threads, which must not busy-poll
-
-    def read(self, remote_offset: int, dst: memoryview) -> None:
-        """Fill `dst` from the peer's segment at `remote_offset`; raise TransferError on failure."""
-
-    def write(self, remote_offset: int, src: memoryview) -> None:
-        """Write `src` to the peer's segment at `remote_offset`; raise TransferError on failure."""
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Slice:
-    """One piece of work handed to a `BatchChannel`: `length` bytes between the local region
-    at `start` (inside it) and the peer's segment at `remote_offset`."""
-
-    op: str  # "read" (peer -> local) or "write" (local -> peer)
-    region: Any  # the engine's local Region (host `view` or device tensor, `base`, `location`)
-    start: int
-    length: int
-    remote_offset: int
-
-
-@runtime_checkable
-class BatchChannel(Channel, Protocol):
-    """A channel that takes a whole batch at once (a one-sided, asynchronous transport): the
-    engine hands it every slice for its peer and no Python runs per slice on its behalf."""
-
-    def post(self, slices: Sequence[Slice], done: Callable[[int, str | None], None],
-             timeout: float) -> None:
-        """Start every slice; call `done(i, None)` or `done(i, reason)` exactly once per slice,
-        from any thread, within `timeout` seconds (a dead peer is a reason, never a hang)."""
-
-
-@dataclass(frozen=True)
-class EngineSide:
-    """What a transport learns about the engine it is attached to."""
-
-    segment: Any  # the engine's Segment: `locate(offset, length)` bounds-checks every access
-    describe: Callable[[], bytes]  # the engine's current SegmentDescriptor as JSON
-    host: str  # where a listener binds ("127.0.0.1" unless told)
-    port: int  # 0: any free port
-    secret: str | None
-    timeout: float
-    grants: Any = None  # the engine's write capabilities (transfer.capability.Grants)
-    encrypt: bool = False  # TLS on the listener and on every connection it opens
-
-
-@runtime_checkable
-class Endpoint(Protocol):
-    """One engine's side of a transport, created by `Transport.attach`: what the transport
-    keeps per engine (a listener, a NIXL agent) and the memory registered with it.
-
-    Optional: `shown()`, called each time the engine's descriptor leaves the process (published
-    to a metadata server, or answered to a peer's DESCRIBE): before that no peer can know
-    this endpoint's fields, so a passive side that needs progress (NIXL's) may wait for it."""
-
-    def register(self, region: Any) -> Mapping[str, str]:
-        """Make `region` reachable through this transport; its opaque fields (often empty)."""
-
-    def unregister(self, region: Any) -> None: ...
-
-    def fields(self) -> Mapping[str, str]:
-        """Opaque segment-level fields for the descriptor (e.g. a NIXL agent's metadata)."""
-
-    def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> Channel:
-        """Open a channel; raise TransferError when the peer cannot be reached or refuses."""
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class Transport(Protocol):
-    """A way to reach peer segments. Loaded from the `mooncake.transports` entry-point group.
-    One object serves every engine of a process; `attach` gives each engine its endpoint.
-
-    Optional members the engine uses when present: `batched = True` (its channels are
-    `BatchChannel`s: each batch's requests for a peer go to one `post`, never cut),
-    `rank(peer, local) -> int` (its priority for that peer, e.g. below shm for same-host CPU
-    memory) and `why_priority() -> str` (when `auto` picks it, for `mooncake plugins`)."""
-
-    name: str
-    priority: int  # higher wins when several transports can reach a peer
-    inline_bytes: int  # batches up to this size run in the submitting thread (no hand-off)
-    max_slices: int  # at most this many parallel slices per request (1: never cut)
-
-    def available(self) -> tuple[bool, str]:
-        """(True, "") when usable on this machine, else (False, why not)."""
-
-    def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> tuple[bool, str]:
-        """Whether this transport reaches `peer` from the engine described by `local`, and why
-        (or why not) in a few words for logs and `mooncake plugins`."""
-
-    def attach(self, engine: EngineSide) -> Endpoint:
-        """This engine's endpoint; PluginError when the transport cannot serve it."""
 
 
 @runtime_checkable

@@ -68,7 +68,7 @@ def whole(eng, target, scratch) -> bytes:
 
 
 def test_the_plugin_implements_both_sides_of_the_contract(engine, transport, target) -> None:
-    from mooncake_cli.interfaces import BatchChannel, Channel, Endpoint, Transport
+    from mooncake_cli.transfer.spi import BatchChannel, Channel, Endpoint, Transport
 
     plugin = Registry().get(GROUP, transport)
     assert isinstance(plugin, Transport)

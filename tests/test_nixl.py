@@ -14,9 +14,10 @@ import time
 
 import pytest
 
-from mooncake_cli.interfaces import SegmentDescriptor, Slice
+from mooncake_cli.interfaces import SegmentDescriptor
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
+from mooncake_cli.transfer.spi import Slice
 from tests.conftest import wait_for
 
 T = "mooncake.transports"

@@ -17,7 +17,7 @@ def test_a_batch_after_the_target_closed_the_idle_pool_completes(make_engine) ->
     initiator = make_engine(secret=SECRET, transport="tcp")
     landing = bytearray(16 * MiB)
     region = target.register(landing)
-    server = target.endpoints.by_name["tcp"].server
+    server = target.listener
     src = initiator.register(bytearray(b"\x11" * (16 * MiB)))
 
     def batch(fill: int) -> list[State]:

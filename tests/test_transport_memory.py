@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from mooncake_cli.interfaces import BatchChannel, Endpoint, Transport
 from mooncake_cli.registry import Registry
+from mooncake_cli.testing.memory import MemoryChannel, MemoryTransport
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
-from mooncake_cli.transfer.memory import MemoryChannel, MemoryTransport
+from mooncake_cli.transfer.spi import BatchChannel, Endpoint, Transport
 
 T, TIERS = "mooncake.transports", "mooncake.tiers"
 MiB = 1 << 20
@@ -20,7 +20,7 @@ MiB = 1 << 20
 
 def registry() -> Registry:
     return Registry([md.EntryPoint("tcp", "mooncake_backends.tcp:TcpTransport", T),
-                     md.EntryPoint("memory", "mooncake_cli.transfer.memory:MemoryTransport", T),
+                     md.EntryPoint("memory", "mooncake_cli.testing.memory:MemoryTransport", T),
                      md.EntryPoint("dram", "mooncake_backends.dram:DramTier", TIERS)])
 
 

@@ -8,9 +8,9 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from mooncake_backends.tcp.server import TargetServer
 
 from mooncake_cli.transfer import wire
+from mooncake_cli.transfer.listener import TargetServer
 from mooncake_cli.transfer.segment import Segment
 
 pytestmark = pytest.mark.timeout(30)
@@ -226,7 +226,7 @@ def test_server_close_drops_its_connections(served: Served) -> None:
 
 
 def test_silent_newcomer_is_dropped_after_the_handshake_timeout(monkeypatch) -> None:
-    from mooncake_backends.tcp import server as server_mod
+    from mooncake_cli.transfer import listener as server_mod
 
     monkeypatch.setattr(server_mod, "HANDSHAKE_TIMEOUT", 0.3)
     srv = Served(SECRET)  # built after the patch: its connections use the short timeout

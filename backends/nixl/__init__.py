@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mooncake_backends.nixl import ucx
 
-from mooncake_cli.interfaces import EngineSide, PluginError, SegmentDescriptor
+from mooncake_cli.transfer.spi import EngineSide, PluginError, SegmentDescriptor
 
 
 class NixlTransport:

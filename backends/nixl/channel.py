@@ -2,25 +2,36 @@
 (READ or WRITE between registered descriptors) with its own status; the endpoint's poller
 completes them. Requests are bounds-checked against the peer's registered regions here too
 (the engine already refused any outside them), so NIXL never sees an address of ours to
-guess. When the peer requires a secret its agent metadata is fetched only over its listener,
-after the handshake proved the secret."""
+guess. When the peer requires a secret its agent metadata is fetched only over a link to its
+listener (`EngineSide.link`), after the handshake proved the secret."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from mooncake_backends.nixl.endpoint import NixlEndpoint
 
-from mooncake_cli.interfaces import SegmentDescriptor, Slice, TransferError
-from mooncake_cli.transfer.client import TargetClient
+from mooncake_cli.transfer.spi import SegmentDescriptor, Slice, TransferError
 
 Table = list[tuple[int, int, str, int, int]]  # (base, length, mem, address, device)
 SPIN = 0.002  # seconds a batch is polled in the posting thread before the poller takes it
 REFRESH = 1.0  # seconds a peer's region table is trusted before it is fetched again
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A caller's buffer registered with NIXL for one transfer (`read`/`write` outside a batch),
+    standing in for a region of the engine."""
+
+    base: int
+    length: int
+    location: str
+    view: memoryview
 
 
 def table_of(desc: SegmentDescriptor) -> Table:
@@ -51,7 +62,7 @@ class NixlChannel:
         self._fetched = time.monotonic()
 
     def _describe(self) -> SegmentDescriptor:
-        client = TargetClient(self.peer.host, self.peer.port, self._secret, self._timeout)
+        client = self.ep.engine.link(self.peer, self._timeout)
         try:
             return SegmentDescriptor.from_json(client.describe())
         finally:
@@ -157,12 +168,10 @@ class NixlChannel:
         """read/write of an unregistered buffer: registered for the one transfer."""
         if not len(buf):
             return
-        from mooncake_cli.transfer.segment import Region
-
         addr = int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
         reg = self.ep.agent.register_memory([(addr, len(buf), 0, "")], "DRAM")
         try:
-            tmp = Region(-1 - addr, len(buf), "cpu:0", buf)
+            tmp = Scratch(-1 - addr, len(buf), "cpu:0", buf)
             self.ep._regs[tmp.base] = (reg, ("DRAM", addr, 0))
             finished = threading.Event()
             errors: list[str] = []

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mooncake_cli.interfaces import EngineSide, SegmentDescriptor, TransferError
+from mooncake_cli.transfer.spi import EngineSide, SegmentDescriptor, TransferError
 
 log = logging.getLogger("mooncake.transfer.nixl")
 PUMP = 0.005  # seconds between progress calls on an idle agent (wire-up, emulated RMA) once

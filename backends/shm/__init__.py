@@ -8,7 +8,8 @@ before any copy, each checks the region's alive page and, every ALIVE_EVERY seco
 peer process lives. A same-host peer's private host memory (registered buffers that are not
 memfds) is copied in and out by the kernel (cma.py: process_vm_writev/readv, behind the same
 lane, an alive page per region and a pidfd). Requests the kernel does not allow that way, and
-writes that carry a capability, go over a TCP connection instead.
+writes that carry a capability, go over a link to the peer's listener instead
+(`EngineSide.link`), which also proves the secret before any memory is touched.
 """
 
 from __future__ import annotations
@@ -25,17 +26,23 @@ from typing import Any
 from mooncake_backends.shm.cma import Cma, CmaRefused, address
 from mooncake_backends.shm.lane import FdLane, Shared, fetch, guard_process
 
-from mooncake_cli.interfaces import EngineSide, RegionInfo, SegmentDescriptor, TransferError
-from mooncake_cli.native import stream_copy
-from mooncake_cli.transfer.client import TargetClient
+from mooncake_cli.transfer.spi import (
+    EngineSide,
+    Link,
+    RegionInfo,
+    SegmentDescriptor,
+    TransferError,
+    stream_copy,
+)
 
 log = logging.getLogger("mooncake.transfer.shm")
 ALIVE_EVERY = 0.005  # seconds between checks that the peer process lives
 
 
 class ShmChannel:
-    def __init__(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> None:
-        self.peer = peer
+    def __init__(self, peer: SegmentDescriptor, secret: str | None, timeout: float,
+                 engine: EngineSide) -> None:
+        self.peer, self._engine = peer, engine
         self.broken = False  # a mapping never breaks; the TCP fallback has its own flag
         self.spin = True
         self._secret, self._timeout = secret, timeout
@@ -43,11 +50,11 @@ class ShmChannel:
         self._pages: dict[str, mmap.mmap] = {}  # each mapped region's alive page
         self._checked = 0.0  # when the peer process was last seen alive
         self._mms: list[mmap.mmap] = []
-        self._tcp: TargetClient | None = None
+        self._tcp: Link | None = None  # the fallback: a link to the peer's listener
         self._cma: Cma | None = None
         self._cma_refused = ""  # why the kernel refused a cross-memory copy (then: tcp)
         if peer.auth:  # prove the secret before touching the peer's memory
-            self._tcp = TargetClient(peer.host, peer.port, secret, timeout)
+            self._tcp = engine.link(peer, timeout)
 
     def _alive(self) -> None:
         """Every ALIVE_EVERY seconds: is the peer process still there? (A syscall per request
@@ -171,9 +178,9 @@ class ShmChannel:
             return False
         return True
 
-    def _fallback(self) -> TargetClient:
+    def _fallback(self) -> Link:
         if self._tcp is None or self._tcp.broken:
-            self._tcp = TargetClient(self.peer.host, self.peer.port, self._secret, self._timeout)
+            self._tcp = self._engine.link(self.peer, self._timeout)
         return self._tcp
 
     def read(self, remote_offset: int, dst: memoryview) -> None:
@@ -250,17 +257,18 @@ class ShmTransport:
         return True, "same host, shm-backed regions"
 
     def attach(self, engine: EngineSide) -> ShmEndpoint:
-        return ShmEndpoint(engine.secret, engine.grants)
+        return ShmEndpoint(engine)
 
 
 class ShmEndpoint:
     """Shares each shm-backed region's memfd over the lane and publishes its name."""
 
-    def __init__(self, secret: str | None, grants: Any = None) -> None:
-        self._grants = grants  # guarded regions get no cross-memory copies (capabilities)
+    def __init__(self, engine: EngineSide) -> None:
+        self._engine = engine
+        self._grants = engine.grants  # guarded regions get no cross-memory copies
         self._shared: dict[str, Shared] = {}
-        self._lane = FdLane(self._shared, secret)
-        if secret and not guard_process():
+        self._lane = FdLane(self._shared, engine)
+        if engine.secret and not guard_process():
             log.warning("cannot make this process non-dumpable: processes of the same user "
                         "may open its shared memory through /proc")
 
@@ -273,7 +281,7 @@ class ShmEndpoint:
         view = getattr(region, "view", None)
         if view is None:  # device memory: no host address to copy at
             return {}
-        if self._grants is not None and self._grants.guarded(region.base, region.length):
+        if self._grants.guarded(region.base, region.length):
             return {}  # writes into it must show a capability to the tcp listener
         key = f"cma-{uuid.uuid4().hex}"  # private memory: its alive page, by this name
         self._shared[key] = Shared(None)
@@ -298,7 +306,7 @@ class ShmEndpoint:
         return {"shm.lane": self._lane.name}
 
     def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> ShmChannel:
-        return ShmChannel(peer, secret, timeout)
+        return ShmChannel(peer, secret, timeout, self._engine)
 
     def close(self) -> None:
         self._lane.close()

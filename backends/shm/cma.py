@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from mooncake_cli.interfaces import TransferError
+from mooncake_cli.transfer.spi import TransferError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.process_vm_writev.restype = _libc.process_vm_readv.restype = ctypes.c_ssize_t

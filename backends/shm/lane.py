@@ -2,11 +2,11 @@
 
 A shm-backed region is a memfd: it has no name in /dev/shm, so no other process can open it.
 Each engine listens on an abstract Unix socket (its `shm.lane` field); a same-host peer
-connects, passes the engine's secret handshake (an `Admission`, magic b"MCF"), names a region, and
-gets two descriptors back by SCM_RIGHTS: the region's memfd and a one-page memfd whose first
-byte is 1 while the region is registered (0 after: mappings of it must not be used). An engine
-with a secret makes its process non-dumpable (`guard_process`), so its descriptors cannot be
-taken from /proc/PID/fd either.
+connects, passes the engine's secret handshake (`EngineSide.door`, magic b"MCF"), names a
+region, and gets two descriptors back by SCM_RIGHTS: the region's memfd and a one-page memfd
+whose first byte is 1 while the region is registered (0 after: mappings of it must not be
+used). An engine with a secret makes its process non-dumpable (`guard_process`), so its
+descriptors cannot be taken from /proc/PID/fd either.
 
     request  u16 name length | name (the region's `shm` field)
     answer   u8 status (0 ok, 1 unknown) | fds [memory, alive] when ok
@@ -22,10 +22,7 @@ import socket
 import struct
 import uuid
 
-from mooncake_cli.interfaces import TransferError
-from mooncake_cli.transfer import wire
-from mooncake_cli.transfer.admission import Admission
-from mooncake_cli.transfer.served import Entry, Served
+from mooncake_cli.transfer.spi import Connection, EngineSide, TransferError, prove
 
 log = logging.getLogger("mooncake.transfer.shm")
 MAGIC = b"MCF"
@@ -35,6 +32,16 @@ IO_TIMEOUT = 5.0
 
 
 PR_SET_DUMPABLE = 4
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
 
 
 def guard_process() -> bool:
@@ -66,9 +73,10 @@ class Shared:
 
 
 class FdLane:
-    """Serves the descriptors of `regions` (shm name -> Shared) to peers proving `secret`."""
+    """Serves the descriptors of `regions` (shm name -> Shared) to peers proving the engine's
+    secret."""
 
-    def __init__(self, regions: dict[str, Shared], secret: str | None) -> None:
+    def __init__(self, regions: dict[str, Shared], engine: EngineSide) -> None:
         self._regions = regions
         self.name = f"\0mooncake-shm/{os.getpid()}-{uuid.uuid4().hex[:12]}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -78,42 +86,34 @@ class FdLane:
         except OSError:
             sock.close()
             raise
-        self._served = Served(MAX_LANES, MAX_LANES)
-        self._admission = Admission(sock, MAGIC, secret, self._admit, max_pending=64,
-                          per_peer_pending=64, handshake_timeout=IO_TIMEOUT,
-                          name="mooncake-shm-lane")
+        self._door = engine.door(sock, MAGIC, self._serve, "mooncake-shm-lane", MAX_LANES,
+                                 IO_TIMEOUT)
 
-    def _admit(self, conn: socket.socket, peer: str) -> None:
-        self._served.serve(conn, peer, self._serve, "mooncake-shm-lane-conn")
-
-    def _serve(self, entry: Entry) -> None:
+    def _serve(self, entry: Connection) -> None:
         conn = entry.conn
         try:
-            wire.blocking_with_timeout(conn, IO_TIMEOUT)
+            conn.settimeout(IO_TIMEOUT)
             while True:
-                try:
-                    (n,) = NAME.unpack(wire.recv_exact(conn, NAME.size))
-                except wire.PeerClosed:
+                head = conn.recv(NAME.size)
+                if not head:
+                    return  # the peer closed between requests
+                head += recv_exact(conn, NAME.size - len(head))
+                (n,) = NAME.unpack(head)
+                if not self._door.claim(entry):
                     return
-                if not self._served.claim(entry):
-                    return
-                name = wire.recv_exact(conn, n).decode(errors="replace")
+                name = recv_exact(conn, n).decode(errors="replace")
                 shared = self._regions.get(name)
                 if shared is None:
                     conn.sendall(b"\x01")
                 else:
                     memory = shared.alive_fd if shared.fd is None else shared.fd
                     socket.send_fds(conn, [b"\x00"], [memory, shared.alive_fd])
-                self._served.release(entry)
+                self._door.release(entry)
         except (OSError, ConnectionError) as e:
             log.debug("shm lane connection ends: %s", e)
-        finally:
-            self._served.remove(entry)
-            conn.close()
 
     def close(self) -> None:
-        self._admission.close()
-        self._served.shutdown_all()
+        self._door.close()
 
 
 def fetch(lane: str, shm: str, secret: str | None, timeout: float) -> tuple[int, int]:
@@ -122,16 +122,7 @@ def fetch(lane: str, shm: str, secret: str | None, timeout: float) -> tuple[int,
     sock.settimeout(timeout)
     try:
         sock.connect(lane)
-        magic, version, auth, nonce = wire.HELLO.unpack(wire.recv_exact(sock, wire.HELLO.size))
-        if magic != MAGIC or version != wire.VERSION:
-            raise TransferError(f"{lane[1:]} is not a shm lane")
-        if auth:
-            if not secret:
-                raise TransferError("the peer requires a shared secret: pass --secret or set "
-                                    "MOONCAKE_SECRET")
-            sock.sendall(wire.prove(secret, nonce))
-            if wire.recv_exact(sock, 1) != b"\x00":
-                raise TransferError("the peer refused our secret (wrong --secret?)")
+        prove(sock, MAGIC, secret, f"shm lane ({lane[1:]})")
         name = shm.encode()
         sock.sendall(NAME.pack(len(name)) + name)
         msg, fds, _flags, _addr = socket.recv_fds(sock, 1, 2)

@@ -1,9 +1,9 @@
-"""`tcp` transport: the engine's wire protocol over TCP sockets.
+"""`tcp` transport: data over the engine's links (the target side is every engine's listener).
 
 Payloads go out with `sendmsg` straight from registered memory and land with `recv_into`
-straight into it; the engine opens several connections per peer and spreads slices over them.
-Its endpoint owns the engine's listener (`TargetServer`), which also answers DESCRIBE for p2p
-metadata and proves the secret for same-host transports.
+straight into it; the engine opens several links per peer and spreads slices over them. The
+listener checks each request against the peer's registered regions and write capabilities,
+so this transport has nothing to register and publishes nothing of its own.
 """
 
 from __future__ import annotations
@@ -11,27 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mooncake_backends.tcp.server import TargetServer
-
-from mooncake_cli.interfaces import EngineSide, SegmentDescriptor
-from mooncake_cli.transfer.client import TargetClient
+from mooncake_cli.transfer.spi import EngineSide, Link, SegmentDescriptor
 
 
 class TcpEndpoint:
     def __init__(self, engine: EngineSide) -> None:
-        self.server = TargetServer(engine.segment, engine.describe, engine.host, engine.port,
-                                   engine.secret, grants=engine.grants,
-                                   encrypt=engine.encrypt)
-        self.port: int = self.server.port
-        self._encrypt = engine.encrypt
-
-    @property
-    def audit(self) -> Any:
-        return self.server.audit
-
-    @audit.setter
-    def audit(self, log: Any) -> None:
-        self.server.audit = log
+        self._engine = engine
 
     def register(self, region: Any) -> Mapping[str, str]:
         return {}  # the listener checks every request against the segment itself
@@ -42,11 +27,11 @@ class TcpEndpoint:
     def fields(self) -> Mapping[str, str]:
         return {}
 
-    def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> TargetClient:
-        return TargetClient(peer.host, peer.port, secret, timeout, self._encrypt)
+    def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> Link:
+        return self._engine.link(peer, timeout, self._engine.encrypt)
 
     def close(self) -> None:
-        self.server.close()
+        pass
 
 
 class TcpTransport:

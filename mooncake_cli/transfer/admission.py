@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer import tls, wire
 
 log = logging.getLogger("mooncake.transfer.admission")
@@ -232,3 +233,20 @@ class Admission:
         self._waiting.clear()
         self._sel.close()
         self._sock.close()
+
+
+def prove(sock: socket.socket, magic: bytes, secret: str | None, what: str) -> None:
+    """The client side of an `Admission` without TLS: read the HELLO on the connected `sock`
+    and prove `secret` when the listener asks for it. TransferError says what went wrong;
+    `what` names the listener ("shm lane") in it."""
+    got, version, auth, nonce = wire.HELLO.unpack(wire.recv_exact(sock, wire.HELLO.size))
+    if got != magic or version != wire.VERSION:
+        raise TransferError(f"this is not a {what} (magic {got!r}, version {version})")
+    if not auth:
+        return
+    if not secret:
+        raise TransferError("the peer requires a shared secret: pass --secret or set "
+                            "MOONCAKE_SECRET")
+    sock.sendall(wire.prove(secret, nonce))
+    if wire.recv_exact(sock, 1) != b"\x00":
+        raise TransferError("the peer refused our secret (wrong --secret?)")

@@ -1,4 +1,5 @@
-"""The initiator side of the wire protocol: one authenticated connection to a target."""
+"""The initiator side of the wire protocol: one authenticated connection to a target's listener
+(transfer/listener.py). Transports get one as `EngineSide.link` (spi.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer import tls, wire
 
 # idle seconds after which a pooled connection is looked at before reuse: targets close
-# connections idle for 120 s (backends/tcp/server.py), and a reuse would then fail
+# connections idle for 120 s (transfer/listener.py), and a reuse would then fail
 CHECK_AFTER_IDLE = 1.0
 
 _ERRORS = {wire.E_BOUNDS: "out of bounds", wire.E_BADOP: "malformed request",

@@ -12,18 +12,13 @@ import logging
 import threading
 from collections.abc import Callable
 
-from mooncake_cli.interfaces import (
-    ConfigError,
-    MooncakeError,
-    SegmentDescriptor,
-    TransferError,
-    Transport,
-)
+from mooncake_cli.interfaces import ConfigError, MooncakeError, SegmentDescriptor, TransferError
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.endpoints import Endpoints
 from mooncake_cli.transfer.metadata import MetadataClient
 from mooncake_cli.transfer.peers import Peer
 from mooncake_cli.transfer.segment import Segment
+from mooncake_cli.transfer.spi import Transport
 
 GROUP = "mooncake.transports"
 log = logging.getLogger("mooncake.transfer")

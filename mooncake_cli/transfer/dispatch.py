@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from mooncake_cli.interfaces import Slice, TransferError
+from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer.batch import Batch, Op
 from mooncake_cli.transfer.peers import Peer
 from mooncake_cli.transfer.segment import Region
+from mooncake_cli.transfer.spi import Slice
 
 MIN_SLICE = 2 << 20  # one stream reaches ~4 GB/s here: cutting smaller only adds hand-offs
 

@@ -4,7 +4,8 @@ Every available transport is attached (peers may reach this engine by any of the
 this engine itself prefers); each registers the engine's regions and adds its opaque fields to
 the descriptors. A transport's fields are named after it (`shm`, `nixl`, `nixl.agent`): a
 field of another name is dropped with a warning, so plugins cannot overwrite each other.
-The tcp endpoint owns the engine's listener and is always there.
+No transport is required by name (the listener is the engine's, transfer/listener.py); an
+engine none of whose transports attaches does not start.
 """
 
 from __future__ import annotations
@@ -13,16 +14,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mooncake_cli.interfaces import (
-    Channel,
-    ConfigError,
-    Endpoint,
-    EngineSide,
-    MooncakeError,
-    SegmentDescriptor,
-    Transport,
-)
+from mooncake_cli.interfaces import ConfigError, SegmentDescriptor
 from mooncake_cli.registry import Registry
+from mooncake_cli.transfer.spi import Channel, Endpoint, EngineSide, Transport
 
 log = logging.getLogger("mooncake.transfer")
 GROUP = "mooncake.transports"
@@ -62,44 +56,38 @@ def _own(name: str, fields: Mapping[str, str]) -> dict[str, str]:
 
 
 class Endpoints:
-    """Attached endpoints by transport name; `tcp` first, as it owns the listener."""
+    """Attached endpoints by transport name."""
 
     def __init__(self, registry: Registry, engine: EngineSide) -> None:
         self.by_name: dict[str, Endpoint] = {}
         self.skipped: dict[str, str] = {}  # transport -> why it could not attach
-        try:
-            tcp = registry.get(GROUP, "tcp")
-        except MooncakeError as e:
-            raise ConfigError(f"the engine's listener is the tcp plugin's: {e}") from e
-        transports: list[Transport] = [tcp] + [t for t in registry.available(GROUP)
-                                               if t.name != "tcp"]
+        transports: list[Transport] = registry.available(GROUP)
         try:
             for t in transports:
                 try:
                     attach = getattr(t, "attach", None)
                     self.by_name[t.name] = attach(engine) if attach else PlainEndpoint(t)
                 except Exception as e:  # one broken transport must not stop the engine
-                    if t.name == "tcp":
-                        raise
                     self.skipped[t.name] = f"{type(e).__name__}: {e}"
                     log.warning("transport %s could not attach: %s", t.name, e)
         except BaseException:
             self.close()
             raise
-        self.port: int = int(getattr(self.by_name["tcp"], "port"))  # noqa: B009
+        if not self.by_name:
+            why = "; ".join(f"{n}: {w}" for n, w in self.skipped.items())
+            raise ConfigError("no data transport is available to this engine"
+                              + (f" ({why})" if why else " (see `mooncake plugins`)"))
 
     def register(self, region: Any) -> None:
         """Register `region` with every endpoint; its fields land in `region.extra`. An
-        endpoint that refuses it only leaves it unreachable through that transport (logged);
-        the listener's (tcp) refusal refuses the registration, unwinding the others."""
+        endpoint that refuses it only leaves it unreachable through that transport (logged;
+        the engine's listener serves it whatever the transports do)."""
         done: list[Endpoint] = []
         try:
             for name, ep in self.by_name.items():
                 try:
                     region.extra.update(_own(name, ep.register(region)))
                 except Exception as e:
-                    if name == "tcp":
-                        raise
                     log.warning("transport %s cannot register %d bytes at %d (%s): peers "
                                 "reach them through the others", name, region.length,
                                 region.base, e)

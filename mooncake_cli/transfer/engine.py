@@ -16,24 +16,21 @@ import threading
 from typing import Any
 
 from mooncake_cli.config import TransferConfig
-from mooncake_cli.interfaces import (
-    EngineSide,
-    MooncakeError,
-    SegmentDescriptor,
-    Slice,
-    TransferError,
-)
+from mooncake_cli.interfaces import MooncakeError, SegmentDescriptor, TransferError
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.batch import Batch, Op, State, Status, TransferRequest
 from mooncake_cli.transfer.capability import Grants
 from mooncake_cli.transfer.directory import PeerDirectory, pick_transports
 from mooncake_cli.transfer.dispatch import MIN_SLICE, cut, post_all, run_slice
 from mooncake_cli.transfer.endpoints import Endpoints
+from mooncake_cli.transfer.engine_side import EngineServices
 from mooncake_cli.transfer.hostinfo import boot_id, hostname
 from mooncake_cli.transfer.linkstats import LinkStats
+from mooncake_cli.transfer.listener import TargetServer
 from mooncake_cli.transfer.metadata_open import open_metadata
 from mooncake_cli.transfer.peers import Peer
 from mooncake_cli.transfer.segment import Region, Segment
+from mooncake_cli.transfer.spi import Slice
 
 log = logging.getLogger("mooncake.transfer")
 
@@ -55,10 +52,19 @@ class TransferEngine:
         self._connections = 1 if config.encrypt else config.connections
         self.segment = Segment("", addressed)
         self.grants = Grants()  # write capabilities for guarded regions (see `guard`)
-        self.endpoints = Endpoints(registry, EngineSide(
-            self.segment, self._describe_bytes, config.host, config.port, self._secret,
-            config.timeout, self.grants, config.encrypt))
-        self._port = self.endpoints.port
+        # the engine's own listener: secret proof, DESCRIBE, and READ/WRITE with bounds and
+        # capability checks, whatever transports this process has
+        self.listener = TargetServer(self.segment, self._describe_bytes, config.host,
+                                     config.port, self._secret, grants=self.grants,
+                                     encrypt=config.encrypt)
+        try:
+            self.endpoints = Endpoints(registry, EngineServices(
+                self.segment, self.grants, self._describe_bytes, self._secret, config.timeout,
+                config.encrypt))
+        except BaseException:
+            self.listener.close()
+            raise
+        self._port = self.listener.port
         advertise = config.advertise or (config.host if config.host not in ("0.0.0.0", "::", "")
                                          else hostname())
         self.address = f"{advertise}:{self._port}"
@@ -75,6 +81,7 @@ class TransferEngine:
             self._publish()
         except BaseException:
             self.endpoints.close()
+            self.listener.close()
             raise
         self._dir = PeerDirectory(transports, self.endpoints, self.metadata, self.name,
                                   self.segment, self.descriptor, self._secret, config.timeout,
@@ -124,6 +131,7 @@ class TransferEngine:
     def set_audit(self, audit: Any) -> None:
         """Record refused accesses and each served connection's transfers (peer, requests,
         bytes, duration, status) in `audit` (a mooncake_cli.http.audit.AuditLog, or None)."""
+        self.listener.audit = audit
         for ep in self.endpoints.by_name.values():
             if hasattr(ep, "audit"):
                 ep.audit = audit
@@ -287,6 +295,7 @@ class TransferEngine:
         self.metadata.close()
         self._dir.close()
         self.endpoints.close()
+        self.listener.close()
         for w in self._workers:
             w.join(timeout=2)
         for buf in self._buffers.values():

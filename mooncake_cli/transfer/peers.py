@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from mooncake_cli.interfaces import (
-    Channel,
-    Endpoint,
-    SegmentDescriptor,
-    TransferError,
-    Transport,
-)
+from mooncake_cli.interfaces import SegmentDescriptor, TransferError
 from mooncake_cli.transfer.segment import Segment
+from mooncake_cli.transfer.spi import Channel, Endpoint, Transport
 
 
 class LocalChannel:

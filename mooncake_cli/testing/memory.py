@@ -6,7 +6,9 @@ reason (a dead peer, a refusal) before any byte moves.
 
 Not an entry point: tests name it in their own Registry:
 
-    EntryPoint("memory", "mooncake_cli.transfer.memory:MemoryTransport", "mooncake.transports")
+    EntryPoint("memory", "mooncake_cli.testing.memory:MemoryTransport", "mooncake.transports")
+
+It imports nothing of mooncake_cli but the service-provider interface (transfer/spi.py).
 """
 
 from __future__ import annotations
@@ -16,21 +18,36 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mooncake_cli.interfaces import EngineSide, SegmentDescriptor, Slice, TransferError
-from mooncake_cli.transfer.peers import LocalChannel
+from mooncake_cli.transfer.spi import EngineSide, Memory, SegmentDescriptor, Slice, TransferError
 
-_SEGMENTS: dict[str, Any] = {}  # token -> Segment of a live engine in this process
+_SEGMENTS: dict[str, Memory] = {}  # token -> memory of a live engine in this process
 _LOCK = threading.Lock()
 
 Handler = Callable[[Slice], "str | None"]
 
 
-class MemoryChannel(LocalChannel):
-    """A LocalChannel (per-slice read/write) that also takes whole batches through `post`."""
+class MemoryChannel:
+    """Bounds-checked copies into and out of a peer engine's memory: per request (`read`,
+    `write`) or whole batches (`post`)."""
 
-    def __init__(self, segment: Any, transport: MemoryTransport) -> None:
-        super().__init__(segment)
+    def __init__(self, segment: Memory, transport: MemoryTransport) -> None:
+        self._segment = segment
         self._transport = transport
+        self.broken = False
+        self.spin = True
+
+    def read(self, remote_offset: int, dst: memoryview) -> None:
+        region, start = self._segment.locate(remote_offset, len(dst))
+        dst[:] = region.load(start, len(dst))
+
+    def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
+        region, start = self._segment.locate(remote_offset, len(src))
+        view = region.sink(start, len(src))
+        view[:] = src
+        region.commit(start, view)
+
+    def close(self) -> None:
+        pass
 
     def _copy(self, s: Slice) -> None:
         handler = self._transport.handler
@@ -56,6 +73,7 @@ class MemoryChannel(LocalChannel):
                 done(k, str(e))
                 continue
             done(k, None)
+
 
 class MemoryEndpoint:
     def __init__(self, transport: MemoryTransport, engine: EngineSide) -> None:

@@ -1,4 +1,7 @@
-"""The target side: one listener per engine answering DESCRIBE, READ, WRITE and PING.
+"""The engine's listener (the target side of transfer.wire), one per engine whatever its
+transports: it proves the secret, answers DESCRIBE (p2p metadata, transports refreshing a
+descriptor) and PING, and serves READ and WRITE of registered memory (the `tcp` transport's
+data path, and every transport's fallback through `EngineSide.link`).
 
 Connections come in through an `Admission` (the secret handshake, bounded, without a thread per
 newcomer) and are kept in a bounded `Served` table: at most `max_connections` in all and
@@ -20,10 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mooncake_cli.transfer.admission import Admission
-
 from mooncake_cli.interfaces import ConfigError, TransferError
 from mooncake_cli.transfer import tls, wire
+from mooncake_cli.transfer.admission import Admission
 from mooncake_cli.transfer.capability import Grants
 from mooncake_cli.transfer.segment import Region, Segment
 from mooncake_cli.transfer.served import Entry, Served

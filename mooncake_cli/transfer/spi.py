@@ -1,0 +1,282 @@
+"""The transport service-provider interface: the one module of mooncake_cli a transport imports.
+
+A transport moves bytes between the registered memory of two engines. The engine keeps
+everything else: it registers memory as a segment, publishes its `SegmentDescriptor`, runs
+the engine's listener (the secret proof, HMAC or TLS; DESCRIBE; READ and WRITE of registered
+memory with bounds and write-capability checks), slices and schedules requests, and picks a
+transport per peer. A transport is a class with a no-argument constructor in the
+`mooncake.transports` entry-point group; one object serves every engine of a process:
+
+    Transport.available() -> (ok, why not)
+    Transport.reachable(peer, local) -> (ok, why)        # descriptors of the peer and of us
+    Transport.attach(engine: EngineSide) -> Endpoint     # once per engine
+    Endpoint.register(region) -> fields                  # each region, before it is published
+    Endpoint.fields() -> fields                          # segment-level, in the descriptor
+    Endpoint.connect(peer, secret, timeout) -> Channel   # the engine pools and reuses channels
+    Channel.read(remote_offset, dst) / write(remote_offset, src) / close()
+    BatchChannel.post(slices, done, timeout)             # when the transport sets `batched`
+
+Fields a transport publishes (per region and per segment) are strings named after it (`shm`,
+`shm.lane`, `nixl.agent`); the engine drops any other name. Remote offsets are in the peer's
+segment space; a channel must refuse (TransferError) what lies outside the regions the peer
+describes, and must never touch local memory outside the `Slice` or view it was given.
+
+What the engine hands a transport (`EngineSide`):
+
+- `segment.locate(offset, length)`: the engine's own region and start for a range, bounds
+  checked (TransferError outside every region): for transports that serve reads and writes.
+- `grants`: the engine's write capabilities; a region for which `guarded(base, length)` is
+  true takes writes only through the engine's listener, with a capability (do not offer
+  unchecked writes into it; an endpoint's optional `withdraw(region)` is called when a
+  region becomes guarded after it was registered).
+- `describe()`: this engine's descriptor as JSON, for a transport that answers peers itself.
+- `link(peer, timeout)`: a connection to the peer engine's listener that has proved the
+  secret: `describe()` (the peer's current descriptor, as JSON), `read`, `write` (with a
+  capability for guarded memory). The `tcp` transport moves data over links; others use one
+  to prove the secret before touching a peer's memory, to refresh a descriptor, or for what
+  their own path cannot do.
+- `door(sock, magic, serve, name)`: the engine's secret proof (the HELLO and HMAC challenge
+  of the listener, with the transport's 3-byte `magic`) in front of a transport's own
+  listening socket; proven connections go to `serve(connection)` on a thread of their own,
+  at most `limit` at once. `prove(sock, magic, secret, what)` is its client side.
+
+Helpers: `stream_copy(dest, src)`, the engine's host memory copy (non-temporal stores on
+x86-64, without the GIL from 64 KiB), for transports that copy between mapped memory.
+
+Optional members the engine uses when present: `Transport.batched`, `rank(peer, local)`,
+`why_priority()`; `Endpoint.shown()`, `withdraw(region)`, `private_fields`, `audit`;
+`Channel.dropped()`, `view(remote_offset, length)`. See each protocol below.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from mooncake_cli.interfaces import (
+    ConfigError,
+    PluginError,
+    RegionInfo,
+    SegmentDescriptor,
+    TransferError,
+)
+from mooncake_cli.native import stream_copy
+from mooncake_cli.transfer.admission import prove
+
+__all__ = ["BatchChannel", "Capabilities", "Channel", "ConfigError", "Connection", "Door",
+           "EngineSide", "Endpoint", "Link", "LocalRegion", "Memory", "PluginError",
+           "RegionInfo", "SegmentDescriptor", "Slice", "TransferError", "Transport", "prove",
+           "stream_copy"]
+
+
+class LocalRegion(Protocol):
+    """One of the engine's registered regions, as a transport sees it. Host memory has a
+    `view`; device memory (a CUDA tensor) has none and a flat uint8 `device` tensor instead,
+    so move its bytes through `load` (out) and `sink` then `commit` (in)."""
+
+    base: int  # its offset in the segment's space
+    length: int
+    location: str  # "cpu:0", "cuda:1", ...
+    view: memoryview | None
+    shm: str | None  # the name of a shared-memory buffer from a tier, when it is one
+    keep: Any  # the registered object (a tier's buffer has an `fd` when it is a memfd)
+    device: Any
+    extra: dict[str, str]  # every transport's fields for it (yours included, once registered)
+
+    def load(self, start: int, n: int) -> memoryview:
+        """Bytes [start, start+n) in host memory (the region itself, or a staged copy)."""
+
+    def sink(self, start: int, n: int) -> memoryview:
+        """Host memory to receive bytes for [start, start+n); then call `commit`."""
+
+    def commit(self, start: int, data: memoryview) -> None: ...
+
+
+class Memory(Protocol):
+    """The engine's registered memory (its segment)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def regions(self) -> tuple[Any, ...]: ...
+
+    def locate(self, offset: int, length: int) -> tuple[Any, int]:
+        """(region, start inside it) holding [offset, offset+length); TransferError if none."""
+
+
+class Capabilities(Protocol):
+    """The engine's write capabilities (checked by its listener, never by a transport)."""
+
+    def guarded(self, offset: int, length: int) -> bool:
+        """Whether any byte of the range needs a capability to be written."""
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """A connection from this engine to one peer segment. Not thread-safe: one user at a time.
+
+    Optional: `dropped() -> bool` (the peer closed it while idle: the pool opens another),
+    `view(remote_offset, n) -> memoryview | None` (the peer's bytes mapped in this process)."""
+
+    broken: bool  # True after an I/O error: the engine closes it and may retry once elsewhere
+    spin: bool  # set by the engine: False in worker threads, which must not busy-poll
+
+    def read(self, remote_offset: int, dst: memoryview) -> None:
+        """Fill `dst` from the peer's segment at `remote_offset`; raise TransferError on failure."""
+
+    def write(self, remote_offset: int, src: memoryview) -> None:
+        """Write `src` to the peer's segment at `remote_offset`; raise TransferError on failure.
+        A write into guarded memory carries a capability: `write(remote_offset, src, cap)`;
+        a channel that cannot pass it on must send it over `EngineSide.link`."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One piece of work handed to a `BatchChannel`: `length` bytes between the local region
+    at `start` (inside it) and the peer's segment at `remote_offset`."""
+
+    op: str  # "read" (peer -> local) or "write" (local -> peer)
+    region: Any  # a LocalRegion of this engine
+    start: int
+    length: int
+    remote_offset: int
+
+
+@runtime_checkable
+class BatchChannel(Channel, Protocol):
+    """A channel that takes a whole batch at once (a one-sided, asynchronous transport): the
+    engine hands it every slice for its peer and no Python runs per slice on its behalf."""
+
+    def post(self, slices: Sequence[Slice], done: Callable[[int, str | None], None],
+             timeout: float) -> None:
+        """Start every slice; call `done(i, None)` or `done(i, reason)` exactly once per slice,
+        from any thread, within `timeout` seconds (a dead peer is a reason, never a hang)."""
+
+
+class Link(Protocol):
+    """A connection to a peer engine's listener, the secret proven (`EngineSide.link`)."""
+
+    broken: bool
+    spin: bool
+
+    def describe(self) -> bytes:
+        """The peer's current descriptor (JSON: `SegmentDescriptor.from_json`)."""
+
+    def read(self, remote_offset: int, dst: memoryview) -> None: ...
+
+    def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Connection(Protocol):
+    """A connection a `Door` admitted: `conn` proved the secret; `peer` is its address."""
+
+    @property
+    def conn(self) -> socket.socket: ...
+
+    @property
+    def peer(self) -> str: ...
+
+
+class Door(Protocol):
+    """A transport's listening socket behind the engine's secret proof (`EngineSide.door`).
+    `serve` marks each request with `claim` (False: the connection was closed to make room
+    for another, stop) and `release` after answering it."""
+
+    def claim(self, connection: Any) -> bool:
+        """`connection`: the one `serve` was given."""
+
+    def release(self, connection: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EngineSide(Protocol):
+    """What a transport is handed about the engine it is attached to."""
+
+    @property
+    def segment(self) -> Memory: ...
+
+    @property
+    def grants(self) -> Capabilities: ...
+
+    @property
+    def secret(self) -> str | None: ...
+
+    @property
+    def timeout(self) -> float:
+        """Seconds an operation may take."""
+
+    @property
+    def encrypt(self) -> bool:
+        """TLS on the engine's listener and on its links."""
+
+    def describe(self) -> bytes:
+        """This engine's descriptor as JSON (the fields of every endpoint included)."""
+
+    def link(self, peer: SegmentDescriptor, timeout: float, encrypt: bool = False) -> Link:
+        """A proven connection to `peer`'s listener (TLS when the peer offers it; `encrypt`:
+        refuse a peer that does not). TransferError when it cannot be reached or refuses."""
+
+    def door(self, sock: socket.socket, magic: bytes, serve: Callable[[Any], None],
+             name: str, limit: int = 64, handshake_timeout: float = 5.0) -> Door:
+        """Admit connections to the listening `sock` that prove this engine's secret (the
+        HELLO with `magic`); each proven one runs `serve(connection)` on its own thread."""
+
+
+@runtime_checkable
+class Endpoint(Protocol):
+    """One engine's side of a transport, created by `Transport.attach`: what the transport
+    keeps per engine (a listener, a NIXL agent) and the memory registered with it.
+
+    Optional: `shown()`, called each time the engine's descriptor leaves the process (published
+    to a metadata server, or answered to a peer's DESCRIBE): before that no peer can know
+    this endpoint's fields, so a passive side that needs progress (NIXL's) may wait for it;
+    `withdraw(region)` (the region is guarded now); `private_fields = True` (its segment
+    fields go only to peers that proved the secret, never to a metadata server)."""
+
+    def register(self, region: Any) -> Mapping[str, str]:
+        """Make `region` (a LocalRegion) reachable through this transport; its fields (often
+        none). Raising leaves the region unreachable through this transport only."""
+
+    def unregister(self, region: Any) -> None: ...
+
+    def fields(self) -> Mapping[str, str]:
+        """Opaque segment-level fields for the descriptor (e.g. a NIXL agent's metadata)."""
+
+    def connect(self, peer: SegmentDescriptor, secret: str | None, timeout: float) -> Channel:
+        """Open a channel; raise TransferError when the peer cannot be reached or refuses."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """A way to reach peer segments. Loaded from the `mooncake.transports` entry-point group.
+    One object serves every engine of a process; `attach` gives each engine its endpoint.
+
+    Optional members the engine uses when present: `batched = True` (its channels are
+    `BatchChannel`s: each batch's requests for a peer go to one `post`, never cut),
+    `rank(peer, local) -> int` (its priority for that peer, e.g. below shm for same-host CPU
+    memory) and `why_priority() -> str` (when `auto` picks it, for `mooncake plugins`)."""
+
+    name: str
+    priority: int  # higher wins when several transports can reach a peer
+    inline_bytes: int  # batches up to this size run in the submitting thread (no hand-off)
+    max_slices: int  # at most this many parallel slices per request (1: never cut)
+
+    def available(self) -> tuple[bool, str]:
+        """(True, "") when usable on this machine, else (False, why not)."""
+
+    def reachable(self, peer: SegmentDescriptor, local: SegmentDescriptor) -> tuple[bool, str]:
+        """Whether this transport reaches `peer` from the engine described by `local`, and why
+        (or why not) in a few words for logs and `mooncake plugins`."""
+
+    def attach(self, engine: EngineSide) -> Endpoint:
+        """This engine's endpoint; PluginError when the transport cannot serve it."""
