@@ -66,6 +66,33 @@ def summarize(name: str, transport: str, op: str, block: int, batch: int, thread
                   round(transfers / seconds, 1), pct(0.50), pct(0.99), verified, note)
 
 
+def timed_loop(call: Callable[[int], None], duration: float, iterations: int, label: str,
+               progress: Progress | None,
+               between: Callable[[int], None] | None = None) -> tuple[list[float], float]:
+    """Call `call(i)` until `duration` timed seconds or `iterations` calls, running the untimed
+    `between(i)` first; the per-call latencies and the timed seconds."""
+    clock = time.perf_counter
+    lats: list[float] = []
+    shown = clock()
+    timed = 0.0
+    i = 0
+    while i < iterations and timed < duration:
+        if between is not None:
+            between(i)
+        start = clock()
+        call(i)
+        end = clock()
+        lats.append(end - start)
+        timed += end - start
+        i += 1
+        if progress is not None and end - shown > 0.1:
+            progress(min(timed, duration), duration, label)
+            shown = end
+    if progress is not None:
+        progress(duration, duration, label)
+    return lats, timed
+
+
 def pump(stop: Callable[[], bool], duration: float, label: str,
          progress: Progress | None, tick: float = 0.1) -> None:
     """Report progress until `stop()` is true, sleeping `tick` between checks."""

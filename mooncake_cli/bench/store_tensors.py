@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from mooncake_cli.bench.stats import Progress, Result, summarize
+from mooncake_cli.bench.stats import Progress, Result, summarize, timed_loop
 
 OPS = ("put_tensor", "get_tensor")
 BATCHES = (1, 4)  # tensor rows' batches (16 MiB tensors: a batch of 4 is 64 MiB)
@@ -47,8 +47,6 @@ def verify(store: TensorStore, keys: Sequence[str], expected: Sequence[Any]) -> 
 def run_tensor_row(store: TensorStore, op: str, size: int, batch: int, duration: float,
                    iterations: int, name: str, via: str, progress: Progress | None = None,
                    label: str = "", prefix: str = "bench") -> Result:
-    from mooncake_cli.bench.store_workload import _loop
-
     if op not in OPS:
         raise ValueError(f"unknown tensor op {op!r}")
     label = label or f"{name} {op}"
@@ -86,10 +84,10 @@ def run_tensor_row(store: TensorStore, op: str, size: int, batch: int, duration:
             elif any(t is None for t in store.batch_get_tensor(ks)):
                 raise RuntimeError("batch_get_tensor missed a tensor")
         written[:] = keys_of[-1]
-    _loop(call, float("inf"), min(slots, iterations), label, None, between)
+    timed_loop(call, float("inf"), min(slots, iterations), label, None, between)
     if op == "put_tensor":
         store.clear()
-    lats, seconds = _loop(call, duration, iterations, label, progress, between)
+    lats, seconds = timed_loop(call, duration, iterations, label, progress, between)
     why = verify(store, written, vals[:len(written)])
     store.clear()
     calls = len(lats)

@@ -14,12 +14,12 @@ adapter of the same shape as `Store`.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mooncake_cli.bench.stats import Progress, Result, summarize
+from mooncake_cli.bench import store_tensors
+from mooncake_cli.bench.stats import Progress, Result, summarize, timed_loop
 
 OPS = ("put", "get", "exists")
 POOL_BYTES = 128 << 20  # bytes of live values one row keeps in the store at most
@@ -78,39 +78,10 @@ def _pool(row: Row) -> int:
     return min(per, 8) * row.batch
 
 
-def _loop(call: Callable[[int], None], duration: float, iterations: int, label: str,
-          progress: Progress | None,
-          between: Callable[[int], None] | None = None) -> tuple[list[float], float]:
-    """Call `call(i)` until `duration` timed seconds or `iterations` calls, running the untimed
-    `between(i)` first; the per-call latencies and the timed seconds."""
-    clock = time.perf_counter
-    lats: list[float] = []
-    shown = clock()
-    timed = 0.0
-    i = 0
-    while i < iterations and timed < duration:
-        if between is not None:
-            between(i)
-        start = clock()
-        call(i)
-        end = clock()
-        lats.append(end - start)
-        timed += end - start
-        i += 1
-        if progress is not None and end - shown > 0.1:
-            progress(min(timed, duration), duration, label)
-            shown = end
-    if progress is not None:
-        progress(duration, duration, label)
-    return lats, timed
-
-
 def run_row(store: Store, row: Row, duration: float, iterations: int, name: str, via: str,
             progress: Progress | None = None, label: str = "", prefix: str = "bench") -> Result:
     """Measure `row` on `store`; a Result whose `verified` says whether the bytes matched.
     Tensor rows (store_tensors.py) need `store` to have the tensor calls too."""
-    from mooncake_cli.bench import store_tensors
-
     if row.op in store_tensors.OPS:
         return store_tensors.run_tensor_row(store, row.op, row.size, row.batch,  # type: ignore[arg-type]
                                             duration, iterations, name, via, progress, label,
@@ -154,10 +125,10 @@ def run_row(store: Store, row: Row, duration: float, iterations: int, name: str,
                 store.batch_get(keys_of[i % len(keys_of)])
         written[:] = keys_of[-1]
     warm = min(n // row.batch, iterations)  # one pool's worth, untimed: caches and pages
-    _loop(call, float("inf"), warm, label, None, between)
+    timed_loop(call, float("inf"), warm, label, None, between)
     if row.op == "put":
         store.clear()
-    lats, seconds = _loop(call, duration, iterations, label, progress, between)
+    lats, seconds = timed_loop(call, duration, iterations, label, progress, between)
     why = verify(store, written, vals[:len(written)])
     store.clear()
     calls = len(lats)
