@@ -29,7 +29,7 @@ def conductor() -> Iterator[ConductorService]:
 
 
 def raw_request(url: str, head: str, body: bytes = b"") -> tuple[int, str]:
-    host, port, _ = jsonhttp._split(url)
+    host, port, _ = jsonhttp.split(url)
     with socket.create_connection((host, port), timeout=5) as s:
         s.sendall(head.encode() + b"\r\n" + body)
         data = b""

@@ -167,7 +167,8 @@ class _Conn(asyncio.Protocol):
 
 def _expire(waiter: asyncio.Future[None], where: str, seconds: float) -> None:
     if not waiter.done():
-        waiter.set_exception(TimeoutError(f"{where}: no answer within {seconds:g} s"))
+        waiter.set_exception(TimeoutError(f"{where}: timed out: no answer within "
+                                         f"{seconds:g} s"))
 
 
 class Response:
@@ -234,7 +235,8 @@ class Pool:
         Content-Length) and wait for the answer's status and headers."""
         conn = await self._acquire((host, port), connect_s, pool_s)
         content = body or b""
-        request = (f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: "
+        name = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed
+        request = (f"{method} {target} HTTP/1.1\r\nHost: {name}:{port}\r\nContent-Length: "
                    f"{len(content)}\r\n").encode("latin-1") + head + b"\r\n" + content
         try:
             assert conn.transport is not None

@@ -1,44 +1,35 @@
-"""JSON over HTTP between the roles: pooled keep-alive clients, sync and async.
+"""JSON over HTTP between the roles, and the CLI's requests: one pooled keep-alive client.
 
     answer = call("http://host:port/v1/load")                 # GET; POST when a body is given
     for ev in events(url, body): ...                          # a server-sent event stream
+    reply = fetch(url, "PUT", b"raw bytes", 5.0)              # bytes in, bytes out
     peer = AsyncPeer(); await peer.call(url, body); peer.events(url, body)
 
-The sync calls go through httpcore, httpx's connection layer: HTTP/1.1 connections kept open
-per host (one pool per process) with separate connect, read, write and pool timeouts; httpx's
-own client adds cookies, URL models and encoding detection that cost more CPU than a whole
-request between two roles, so they use its pool directly, and `client()` is a full httpx
-client for everything else. The async peer (the conductor's requests to the workers, its hot
-path) is `h1pool`'s keep-alive pool per event loop, with the same timeouts. A peer that cannot be
-reached or breaks off raises OSError; a non-2xx event stream raises `PeerError`.
+Every request goes through `h1pool`: HTTP/1.1 keep-alive connections per host with separate
+connect, read and pool timeouts and bounds on what an answer may hold. The async peer is a pool
+of the event loop that creates it (the conductor's requests to the workers, its hot path); the
+sync calls share one pool on a loop of their own thread (`background`), whichever thread calls.
+A peer that cannot be reached or breaks off raises OSError; a non-2xx event stream raises
+`PeerError`; a URL that is not http://HOST:PORT raises ValueError.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import socket
 import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpcore
-import httpx
-
-from mooncake_cli.http import h1pool
+from mooncake_cli.http import background, h1pool
 from mooncake_cli.http.auth import Signer
 
 CONNECT_TIMEOUT = 5.0
 POOL_TIMEOUT = 30.0
 KEEPALIVE_S = 4.0  # under the servers' idle timeout: the client closes first, no race
-PER_HOST, MAX_CONNECTIONS = 1024, 4096  # the async client's keep-alive connections
-# a request's body follows its headers at once (Nagle would hold it for the peer's ACK)
-NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-FAILURES = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError,
-            httpcore.UnsupportedProtocol)
-JSON_HEADERS = [(b"Content-Type", b"application/json")]
+PER_HOST, MAX_CONNECTIONS = 1024, 4096  # keep-alive connections of one pool
 JSON_HEAD = b"Content-Type: application/json\r\n"
 
 
@@ -65,20 +56,6 @@ def split(url: str) -> tuple[str, int, str]:
     return parts.hostname, parts.port or 80, parts.path or "/"
 
 
-_split = split  # the name older callers use
-
-
-def timeouts(seconds: float) -> httpx.Timeout:
-    """`seconds` to read (and write), less to connect and to wait for a pooled connection."""
-    return httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT, seconds),
-                         pool=min(POOL_TIMEOUT, seconds))
-
-
-def _extensions(seconds: float) -> dict[str, Any]:
-    return {"timeout": {"connect": min(CONNECT_TIMEOUT, seconds), "read": seconds,
-                        "write": seconds, "pool": min(POOL_TIMEOUT, seconds)}}
-
-
 Body = dict[str, Any] | bytes | None  # a JSON object, or one already encoded
 
 
@@ -86,27 +63,6 @@ def _verb_content(body: Body, method: str | None) -> tuple[str, bytes | None]:
     """A request's method (POST when it has a body) and its body bytes."""
     verb = method or ("POST" if body is not None else "GET")
     return verb, body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-
-
-def _prepare(url: str, body: Body, method: str | None,
-             auth: Signer | None) -> tuple[str, bytes | None, list[tuple[bytes, bytes]]]:
-    """A request's method, body bytes and headers (signed with `auth` when given)."""
-    split(url)
-    verb, content = _verb_content(body, method)
-    headers = JSON_HEADERS if body is not None else []
-    if auth is not None:
-        parts = urllib.parse.urlsplit(url)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        headers = [*headers, auth.header(verb, path, content or b"")]
-    return verb, content, headers
-
-
-def _request(url: str, body: Body, method: str | None,
-             seconds: float, auth: Signer | None = None) -> dict[str, Any]:
-    """httpcore's arguments for the request."""
-    verb, content, headers = _prepare(url, body, method, auth)
-    return {"method": verb, "url": url, "content": content, "headers": headers,
-            "extensions": _extensions(seconds)}
 
 
 @functools.lru_cache(maxsize=256)
@@ -117,7 +73,7 @@ def _target(url: str) -> tuple[str, int, str]:
     return host, port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
-def _answer(status: int, data: bytes, headers: Mapping[str, str] | httpx.Headers) -> Answer:
+def _answer(status: int, data: bytes, headers: Mapping[str, str]) -> Answer:
     try:
         parsed = json.loads(data) if data else {}
     except ValueError:
@@ -167,82 +123,32 @@ class _Lines:
         return out
 
 
-_sync_lock = threading.Lock()
-_sync: httpx.Client | None = None
-_sync_pool: httpcore.ConnectionPool | None = None
+@dataclass
+class Reply:
+    """An answer's bytes, for callers that are not JSON (`fetch`)."""
 
-
-def client() -> httpx.Client:
-    """This process's pooled httpx client (for requests off the hot path)."""
-    global _sync
-    with _sync_lock:
-        if _sync is None:
-            _sync = httpx.Client(transport=httpx.HTTPTransport(socket_options=NODELAY),
-                                 timeout=timeouts(30.0), trust_env=False)
-        return _sync
-
-
-def _pool() -> httpcore.ConnectionPool:
-    global _sync_pool
-    with _sync_lock:
-        if _sync_pool is None:
-            _sync_pool = httpcore.ConnectionPool(max_connections=1024,
-                                                 max_keepalive_connections=256,
-                                                 keepalive_expiry=KEEPALIVE_S,
-                                                 socket_options=NODELAY)
-        return _sync_pool
-
-
-def call(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0,
-         method: str | None = None, auth: Signer | None = None) -> Answer:
-    """One JSON request (POST when `body` is given; signed with `auth`, the cluster secret's
-    signer, when given); connection errors raise OSError."""
-    try:
-        resp = _pool().request(**_request(url, body, method, timeout, auth))
-    except FAILURES as e:
-        raise OSError(f"{url}: {type(e).__name__}: {e}") from e
-    return _answer(resp.status, resp.content, httpx.Headers(resp.headers))
-
-
-def events(url: str, body: dict[str, Any] | None = None,
-           timeout: float = 60.0, auth: Signer | None = None) -> Iterator[dict[str, Any]]:
-    """POST (or GET) `url` and yield each `data:` event of its event stream as a dict.
-
-    A non-2xx answer raises `PeerError`; the stream ends at `[DONE]`. A stream that breaks off
-    before `[DONE]`, or carries an event that is not JSON, raises OSError.
-    """
-    lines = _Lines(url)
-    try:
-        with _pool().stream(**_request(url, body, None, timeout, auth)) as resp:
-            if resp.status >= 300:
-                raise _peer_error(resp.status, resp.read())
-            for chunk in resp.iter_stream():  # read to the end: the connection stays pooled
-                yield from lines.feed(chunk)
-    except FAILURES as e:
-        raise OSError(f"{url}: the event stream broke: {type(e).__name__}: {e}") from e
-    if not lines.done:
-        raise OSError(f"{url}: the event stream ended before [DONE]")
+    status: int
+    data: bytes
+    headers: Mapping[str, str]  # case-insensitive
 
 
 class AsyncPeer:
     """A pooled async client for one event loop (create it inside the loop that uses it).
 
     `h1pool.Pool` keeps up to PER_HOST keep-alive connections per peer (MAX_CONNECTIONS in
-    all), with the timeouts of `call`; it costs a third of aiohttp's CPU per request, which
-    was most of what the conductor spent on one. Requests are signed with `auth` (the cluster
-    secret's signer) when given."""
+    all); it costs a third of aiohttp's CPU per request, which was most of what the conductor
+    spent on one. Requests are signed with `auth` (the cluster secret's signer) when given."""
 
     def __init__(self, auth: Signer | None = None) -> None:
         self.auth = auth
         self._pool: h1pool.Pool | None = None
 
-    async def _send(self, url: str, body: Body, method: str | None,
-                    seconds: float) -> h1pool.Response:
+    async def _send(self, url: str, body: Body, method: str | None, seconds: float,
+                    auth: Signer | None, head: bytes = b"") -> h1pool.Response:
         host, port, target = _target(url)
         verb, content = _verb_content(body, method)
-        head = JSON_HEAD if body is not None else b""
-        if self.auth is not None:
-            name, value = self.auth.header(verb, target, content or b"")
+        if auth is not None:
+            name, value = auth.header(verb, target, content or b"")
             head += b"%s: %s\r\n" % (name, value)
         if self._pool is None:
             self._pool = h1pool.Pool(PER_HOST, MAX_CONNECTIONS, KEEPALIVE_S)
@@ -250,10 +156,26 @@ class AsyncPeer:
                                      connect_s=min(CONNECT_TIMEOUT, seconds), read_s=seconds,
                                      pool_s=min(POOL_TIMEOUT, seconds))
 
-    async def call(self, url: str, body: Body = None, timeout_s: float = 30.0,
-                   method: str | None = None) -> Answer:
+    async def fetch(self, url: str, method: str | None = None, content: bytes | None = None,
+                    timeout_s: float = 30.0, headers: Mapping[str, str] | None = None,
+                    auth: Signer | None = None) -> Reply:
+        """One request with a body of bytes (or none) and extra `headers`; the answer whole."""
+        head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode("latin-1")
         try:
-            resp = await self._send(url, body, method, timeout_s)
+            resp = await self._send(url, content, method, timeout_s, auth or self.auth, head)
+            try:
+                data = await resp.read()
+            finally:
+                resp.release()
+        except OSError as e:
+            raise OSError(f"{url}: {type(e).__name__}: {e}") from e
+        return Reply(resp.status, data, resp.headers)
+
+    async def call(self, url: str, body: Body = None, timeout_s: float = 30.0,
+                   method: str | None = None, auth: Signer | None = None) -> Answer:
+        try:
+            resp = await self._send(url, body, method, timeout_s, auth or self.auth,
+                                    JSON_HEAD if body is not None else b"")
             try:
                 data = await resp.read()
             finally:
@@ -262,12 +184,13 @@ class AsyncPeer:
             raise OSError(f"{url}: {type(e).__name__}: {e}") from e
         return _answer(resp.status, data, resp.headers)
 
-    async def events(self, url: str, body: Body = None,
-                     timeout_s: float = 60.0) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, url: str, body: Body = None, timeout_s: float = 60.0,
+                     auth: Signer | None = None) -> AsyncIterator[dict[str, Any]]:
         """`events`, asynchronously."""
         lines = _Lines(url)
         try:
-            resp = await self._send(url, body, None, timeout_s)
+            resp = await self._send(url, body, None, timeout_s, auth or self.auth,
+                                    JSON_HEAD if body is not None else b"")
             try:
                 if resp.status >= 300:
                     raise _peer_error(resp.status, await resp.read())
@@ -285,3 +208,46 @@ class AsyncPeer:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+
+
+_shared: dict[int, AsyncPeer] = {}  # the sync calls' peer, by the id of its loop
+_shared_lock = threading.Lock()
+
+
+def _peer() -> AsyncPeer:
+    """The sync calls' peer, whose pool lives on the background loop."""
+    key = id(background.loop())
+    with _shared_lock:
+        peer = _shared.get(key)
+        if peer is None:
+            _shared.clear()  # a loop of a parent process (after fork) is gone
+            peer = _shared[key] = AsyncPeer()
+        return peer
+
+
+def call(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0,
+         method: str | None = None, auth: Signer | None = None) -> Answer:
+    """One JSON request (POST when `body` is given; signed with `auth`, the cluster secret's
+    signer, when given); connection errors raise OSError."""
+    _target(url)  # ValueError here, in the caller's thread
+    return background.submit(lambda: _peer().call(url, body, timeout, method, auth))
+
+
+def fetch(url: str, method: str | None = None, content: bytes | None = None,
+          timeout: float = 30.0, headers: Mapping[str, str] | None = None,
+          auth: Signer | None = None) -> Reply:
+    """`AsyncPeer.fetch`, from any thread."""
+    _target(url)
+    return background.submit(lambda: _peer().fetch(url, method, content, timeout, headers,
+                                                   auth))
+
+
+def events(url: str, body: dict[str, Any] | None = None,
+           timeout: float = 60.0, auth: Signer | None = None) -> Iterator[dict[str, Any]]:
+    """POST (or GET) `url` and yield each `data:` event of its event stream as a dict.
+
+    A non-2xx answer raises `PeerError`; the stream ends at `[DONE]`. A stream that breaks off
+    before `[DONE]`, or carries an event that is not JSON, raises OSError.
+    """
+    _target(url)
+    return background.iterate(lambda: _peer().events(url, body, timeout, auth))

@@ -11,12 +11,12 @@ store master that does not is kept with its error, and the view says so.
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from mooncake_cli.http import jsonhttp
@@ -90,19 +90,19 @@ class Scrape:
     at: float = 0.0
 
 
-def _get(url: str, timeout: float, headers: dict[str, str] | None = None) -> httpx.Response:
+def _get(url: str, timeout: float, headers: dict[str, str] | None = None) -> jsonhttp.Reply:
     try:
-        return jsonhttp.client().get(url, headers=headers, timeout=jsonhttp.timeouts(timeout))
-    except httpx.HTTPError as e:
+        return jsonhttp.fetch(url, "GET", None, timeout, headers)
+    except OSError as e:
         raise OSError(f"cannot reach {url}: {type(e).__name__}: {e}".rstrip(": ")) from None
 
 
 def _endpoint(url: str, timeout: float) -> Endpoint:
     try:
         resp = _get(url, timeout)
-        if resp.status_code != 200:
-            return Endpoint(url, error=f"answered {resp.status_code}")
-        return Endpoint(url, parse_metrics(resp.text))
+        if resp.status != 200:
+            return Endpoint(url, error=f"answered {resp.status}")
+        return Endpoint(url, parse_metrics(resp.data.decode(errors="replace")))
     except (OSError, ValueError) as e:
         return Endpoint(url, error=str(e) or type(e).__name__)
 
@@ -111,29 +111,29 @@ def _listing(src: Sources, base: str) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {src.api_key}"} if src.api_key else None
     resp = _get(base + "/v1/instances", src.timeout, headers)
     try:
-        body = resp.json()
+        body = json.loads(resp.data)
     except ValueError:
         body = None
     error = body.get("error") if isinstance(body, dict) else None
-    if resp.status_code == 401 and isinstance(error, dict):
+    if resp.status == 401 and isinstance(error, dict):
         if error.get("code") == "invalid_api_key":
             raise ConfigError(f"the conductor at {base} refused the instance list: give its "
                               "--api-key (or OPENAI_API_KEY)")
         raise ConfigError(f"{base}/v1/instances refused: {error.get('message')} (is this a "
                           "mooncake conductor?)")
-    if resp.status_code != 200 or not isinstance(body, dict) or \
+    if resp.status != 200 or not isinstance(body, dict) or \
             not isinstance(body.get("instances"), list):
-        raise MooncakeError(f"{base}/v1/instances answered {resp.status_code} without an "
+        raise MooncakeError(f"{base}/v1/instances answered {resp.status} without an "
                             "instance list: is this a mooncake conductor?")
     return body
 
 
 def _conductor_metrics(base: str, timeout: float) -> Samples:
     resp = _get(base + "/metrics", timeout)
-    if resp.status_code != 200:
-        raise MooncakeError(f"{base}/metrics answered {resp.status_code}")
+    if resp.status != 200:
+        raise MooncakeError(f"{base}/metrics answered {resp.status}")
     try:
-        return parse_metrics(resp.text)
+        return parse_metrics(resp.data.decode(errors="replace"))
     except ValueError as e:
         raise MooncakeError(f"{base}/metrics is not Prometheus text: {e}") from None
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.parse
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
@@ -34,18 +34,17 @@ class HttpMetadata:
 
     def _call(self, method: str, key: str, body: bytes | None = None,
               ttl: float | None = None) -> bytes | None:
-        params = {"key": key} | ({"ttl": f"{ttl:g}"} if ttl else {})
+        query = urllib.parse.urlencode({"key": key} | ({"ttl": f"{ttl:g}"} if ttl else {}))
         try:
-            resp = jsonhttp.client().request(method, self._url, params=params, content=body,
-                                             timeout=jsonhttp.timeouts(self._timeout))
-        except httpx.TransportError as e:
+            reply = jsonhttp.fetch(f"{self._url}?{query}", method, body, self._timeout)
+        except OSError as e:
             raise MetadataError(f"metadata server {self._url} unreachable: {e}") from e
-        if resp.status_code == 404:
+        if reply.status == 404:
             return None
-        if resp.status_code >= 300:
-            raise MetadataError(f"metadata server {self._url}: HTTP {resp.status_code} on "
+        if reply.status >= 300:
+            raise MetadataError(f"metadata server {self._url}: HTTP {reply.status} on "
                                 f"{method}")
-        return resp.content
+        return reply.data
 
     def publish(self, desc: SegmentDescriptor) -> None:
         key, body = KEY_PREFIX + desc.name, desc.to_json()
