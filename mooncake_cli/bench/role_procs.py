@@ -18,10 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from mooncake_cli.bench.serving_procs import cpu_seconds, metrics
 from mooncake_cli.bench.stats import Child
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import MooncakeError
 
 START_S = 900.0  # seconds a worker may take to come up (a vLLM engine on 2 busy cores)
@@ -60,7 +59,6 @@ class RoleProcs:
 
     def __init__(self, spec: RoleSpec) -> None:
         self.spec = spec
-        self.http = httpx.Client(timeout=30.0)
         self._children: list[Child] = []
         try:
             info = self._ready(Child([sys.executable, "-m", "mooncake_cli.store.service",
@@ -111,19 +109,18 @@ class RoleProcs:
         return Role(f"conductor-{len(self._children)}", url, child, info)
 
     def alive(self, url: str) -> int:
-        snap = self.http.get(url + "/v1/instances").json()["instances"]
+        snap = jsonhttp.call(url + "/v1/instances").body["instances"]
         return sum(1 for i in snap if i["alive"])
 
     def metrics(self, url: str) -> dict[str, float]:
         """`url`'s Prometheus figures (a /metrics URL, or a role's base URL)."""
         path = url if url.endswith("/metrics") else url + "/metrics"
-        return metrics(self.http.get(path).text)
+        return metrics(jsonhttp.fetch(path).data.decode(errors="replace"))
 
     def close(self) -> None:
         for child in reversed(self._children):
             child.close(grace=30)
         self._children = []
-        self.http.close()
 
     def __enter__(self) -> RoleProcs:
         return self

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from mooncake_cli.bench.stats import Child
+from mooncake_cli.http import jsonhttp
 from mooncake_cli.interfaces import MooncakeError
 
 START_TIMEOUT = 600.0  # seconds a worker may take to load its model on a loaded machine
@@ -78,7 +78,6 @@ class ServingCluster:
     def __init__(self, spec: ServingSpec, folder: Path) -> None:
         self.spec = spec
         self.explain = folder / "explain.jsonl"
-        self.http = httpx.Client(timeout=30.0)
         self._children: list[Child] = []
         self.decodes: list[Worker] = []
         self._pending: list[Worker] = []
@@ -146,7 +145,7 @@ class ServingCluster:
 
     def alive(self) -> set[str]:
         """Names of the instances the conductor counts alive."""
-        snap = self.http.get(self.url + "/v1/instances").json()["instances"]
+        snap = jsonhttp.call(self.url + "/v1/instances").body["instances"]
         return {i["name"] for i in snap if i["alive"]}
 
     def _spawn_decode(self) -> Worker:
@@ -168,8 +167,8 @@ class ServingCluster:
 
     def running(self, w: Worker) -> int:
         try:
-            return int(self.http.get(w.url + "/v1/load").json().get("running", 0))
-        except (httpx.HTTPError, ValueError):
+            return int(jsonhttp.call(w.url + "/v1/load").body.get("running", 0))
+        except (OSError, ValueError):
             return 0
 
     def kill_busy_decode(self, rng: random.Random) -> dict[str, Any] | None:
@@ -199,13 +198,13 @@ class ServingCluster:
         return not self._pending
 
     def conductor_metrics(self) -> dict[str, float]:
-        return metrics(self.http.get(self.url + "/metrics").text)
+        return metrics(jsonhttp.fetch(self.url + "/metrics").data.decode(errors="replace"))
 
     def decode_metrics(self) -> dict[str, float]:
         """The running decode workers' /metrics, summed."""
         total: dict[str, float] = {}
         for w in self.decodes:
-            for k, v in metrics(self.http.get(w.url + "/metrics").text).items():
+            for k, v in metrics(jsonhttp.fetch(w.url + "/metrics").data.decode()).items():
                 total[k] = total.get(k, 0.0) + v
         return total
 
@@ -242,7 +241,6 @@ class ServingCluster:
         for child in reversed(self._children):
             child.close(grace=30)
         self._children = []
-        self.http.close()
 
     def __enter__(self) -> ServingCluster:
         return self
