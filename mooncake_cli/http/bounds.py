@@ -1,6 +1,9 @@
 """uvicorn's httptools protocol (llhttp, a C parser) with the connection bounds of
-`mooncake_cli.http.server.Server`: request headers within a deadline and a size, and at most so many
-connections waiting for them at once."""
+`mooncake_cli.http.server.Server`: request headers within a deadline and a size, and at most
+so many connections waiting for them at once.
+
+It subclasses uvicorn's HttpToolsProtocol and overrides its parser callbacks (not public API):
+pyproject.toml bounds uvicorn to the versions these bounds were tested on."""
 
 from __future__ import annotations
 
