@@ -25,6 +25,7 @@ from mooncake_cli.api.errors import ErrorCode, ServingError, bad
 from mooncake_cli.engine import ModelError, Sequence
 from mooncake_cli.worker.decode_request import DecodeRequest, Reservation
 from mooncake_cli.worker.http import decode_routes
+from mooncake_cli.worker.kvgrant import RESERVATION_TTL
 from mooncake_cli.worker.kvmemory import KVMemory
 from mooncake_cli.worker.parking import Parking
 from mooncake_cli.worker.prefix import PrefixStore
@@ -32,7 +33,6 @@ from mooncake_cli.worker.runtime import WorkerRuntime
 from mooncake_cli.worker.writebehind import WriteBehind
 
 log = logging.getLogger("mooncake.worker")
-RESERVATION_TTL = 120.0  # seconds a reservation waits for its /v1/generate before it is freed
 
 
 class DecodeWorker(WorkerRuntime):

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mooncake_cli.worker.decode import DecodeWorker
 
 log = logging.getLogger("mooncake.worker")
+RESERVATION_TTL = 120.0  # seconds a reservation waits for its /v1/generate before it is freed
 UNUSED_TTL = 30.0  # seconds a reservation may wait for its first KV write
 MAX_UNUSED_SHARE = 0.5  # of the pool's blocks, in unused reservations of one requester
 
@@ -61,8 +62,6 @@ class KVGrants:
             raise ServingError(ErrorCode.KV_FULL, f"{holder} already holds {held} KV blocks in "
                                f"reservations it has not written to (at most {limit})",
                                retry_after=1)
-        from mooncake_cli.worker.decode import RESERVATION_TTL  # decode imports this module
-
         # the capability dies before the decode side could expire the reservation and give its
         # blocks to another request; revocation normally comes much sooner
         token = engine.grants.issue(
