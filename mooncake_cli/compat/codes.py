@@ -1,20 +1,20 @@
-"""The compat API's return codes: upstream's ErrorCode values, and its conventions."""
+"""The compat API's return codes: upstream's StoreCode values, and its conventions."""
 
 from __future__ import annotations
 
 from mooncake_cli.interfaces import ConfigError
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.errors import StoreCode, StoreError
 
-NOT_READY, BAD = int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS), int(ErrorCode.INVALID_PARAMS)
-EXISTS = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+NOT_READY, BAD = int(StoreCode.UNAVAILABLE_IN_CURRENT_STATUS), int(StoreCode.INVALID_PARAMS)
+EXISTS = int(StoreCode.OBJECT_ALREADY_EXISTS)
 
 
 def code_of(e: BaseException) -> int:
     if isinstance(e, StoreError):
-        return BAD if e.code == ErrorCode.BUFFER_OVERFLOW else int(e.code)  # upstream: -600
+        return BAD if e.code == StoreCode.BUFFER_OVERFLOW else int(e.code)  # upstream: -600
     if isinstance(e, (ConfigError, ValueError, TypeError, OverflowError)):
         return BAD
-    return int(ErrorCode.INTERNAL_ERROR)
+    return int(StoreCode.INTERNAL_ERROR)
 
 
 def put_code(e: StoreError | None) -> int:

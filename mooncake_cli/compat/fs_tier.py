@@ -27,7 +27,7 @@ from typing import Any
 
 import xxhash
 
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.errors import StoreCode, StoreError
 from mooncake_cli.store.records import check_key
 
 MAGIC = b"MCF1"
@@ -53,7 +53,7 @@ class FileTier:
         parent = os.path.dirname(root.rstrip("/"))
         if not os.path.isdir(parent):
             raise StoreError(f"the master's root_fs_dir {parent} is not a directory here (is the "
-                             f"shared file system mounted?)", ErrorCode.INTERNAL_ERROR)
+                             f"shared file system mounted?)", StoreCode.INTERNAL_ERROR)
         try:
             os.makedirs(root, PRIVATE_DIR, exist_ok=True)
             probe = os.path.join(root, f".probe-{os.getpid()}-{threading.get_ident()}")
@@ -62,7 +62,7 @@ class FileTier:
             os.unlink(probe)
         except OSError as e:
             raise StoreError(f"the master's root_fs_dir {root} is not writable here: {e}",
-                             ErrorCode.INTERNAL_ERROR) from None
+                             StoreCode.INTERNAL_ERROR) from None
         self._max = max_queued
         self._cv = threading.Condition()
         self._queue: deque[tuple[str, int]] = deque()
@@ -177,7 +177,7 @@ class FileTier:
             return None
         except OSError as e:
             raise StoreError(f"cannot open the file of {key!r}: {e}",
-                             ErrorCode.FILE_OPEN_FAIL) from e
+                             StoreCode.FILE_OPEN_FAIL) from e
         head = self._head(f)
         if head is not None and head[0] == key.encode("utf-8"):
             return f, head[1], head[2]
@@ -212,7 +212,7 @@ class FileTier:
             return buf
         opened = self._open(key)
         if opened is None:
-            raise StoreError(f"object {key!r} not found", ErrorCode.OBJECT_NOT_FOUND)
+            raise StoreError(f"object {key!r} not found", StoreCode.OBJECT_NOT_FOUND)
         f, size, want = opened
         with f:
             if alloc is None:  # one copy, no zero-fill first
@@ -224,7 +224,7 @@ class FileTier:
                 got = f.readinto(view)
         if got != size or xxhash.xxh3_64_intdigest(view) != want:
             raise StoreError(f"the file of {key!r} is damaged (short or checksum mismatch)",
-                             ErrorCode.FILE_READ_FAIL)
+                             StoreCode.FILE_READ_FAIL)
         return buf
 
     # -- removal ---------------------------------------------------------------------------------

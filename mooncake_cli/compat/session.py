@@ -21,7 +21,7 @@ from mooncake_cli.config import TransferConfig, parse_size
 from mooncake_cli.http.auth import env_secret
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 from mooncake_cli.registry import Registry
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.errors import StoreCode, StoreError
 from mooncake_cli.store.ha.leader import LeaderResolver, is_ha
 from mooncake_cli.transfer.engine import TransferEngine
 
@@ -35,7 +35,7 @@ PORTS = (12300, 14300)
 
 
 def bad(message: str) -> StoreError:
-    return StoreError(message, ErrorCode.INVALID_PARAMS)
+    return StoreError(message, StoreCode.INVALID_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -178,4 +178,4 @@ def start_engine(args: SetupArgs, registry: Registry, timeout: float) -> Transfe
         except (MooncakeError, OSError) as e:  # taken: the next one
             last = e
     raise StoreError(f"setup: no free port in {low}-{high} on {args.host}: {last}",
-                     ErrorCode.INTERNAL_ERROR)
+                     StoreCode.INTERNAL_ERROR)

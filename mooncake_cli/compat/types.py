@@ -22,7 +22,7 @@ from typing import Any
 
 from mooncake_cli.compat import pyconv
 from mooncake_cli.store import records
-from mooncake_cli.store.errors import ErrorCode, StoreError
+from mooncake_cli.store.errors import StoreCode, StoreError
 
 __all__ = ["SoftPinAction", "ObjectDataType", "ReplicateConfig", "ReplicaStatus",
            "BufferHandle", "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor",
@@ -135,7 +135,7 @@ def native(config: Any) -> records.ReplicateConfig | None:
     if isinstance(config, ReplicateConfig):
         return config._native()
     raise StoreError(f"config must be a ReplicateConfig, not {type(config).__name__}",
-                     ErrorCode.INVALID_PARAMS)
+                     StoreCode.INVALID_PARAMS)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from mooncake_cli.store import ledger
 from mooncake_cli.store.client.holdings import Holdings
 from mooncake_cli.store.errors import StoreError
-from mooncake_cli.store.records import Replica, Segment
+from mooncake_cli.store.records import Mount, Replica
 from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.store.wire.fastlane import LaneSlot
 from mooncake_cli.store.wire.incoming import ReportIn
@@ -34,7 +34,7 @@ class HoldingsKeeper:
     replica in the client's segment (None if not there); `after_mount()` runs after each
     re-mount (the SSD segment mounts and rescans there)."""
 
-    def __init__(self, conn: LaneSlot, client_id: str, segment: Segment | None,
+    def __init__(self, conn: LaneSlot, client_id: str, segment: Mount | None,
                  holdings: Holdings, view: Callable[[Replica], memoryview | None],
                  after_mount: Callable[[], object], ledger: memoryview | None = None) -> None:
         self.conn = conn
@@ -65,7 +65,7 @@ class HoldingsKeeper:
             self._remount(self.segment)
             return True
 
-    def _remount(self, segment: Segment) -> None:
+    def _remount(self, segment: Mount) -> None:
         log.info("master does not know client %s: re-mounting", self.client_id)
         hold = self.holdings
         ledger_next = 1

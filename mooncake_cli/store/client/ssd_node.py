@@ -30,7 +30,7 @@ from mooncake_cli.store.errors import (
     StoreError,
 )
 from mooncake_cli.store.moves import Move, MoveOrders, MoveResult
-from mooncake_cli.store.records import ObjectMeta, Replica, ReplicaStatus, Segment
+from mooncake_cli.store.records import Mount, ObjectMeta, Replica, ReplicaStatus
 from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.store.wire.rpc import MasterConnection
 from mooncake_cli.transfer.engine import TransferEngine
@@ -66,7 +66,7 @@ class SsdNode:
         self._ack = 0  # MoveOrders.ack of the forgets dropped from the manifest
         try:
             self.region = engine.register(self.buf.view)
-            self.segment = Segment(engine.name, client_id, host, self.region.base, self.buf.size,
+            self.segment = Mount(engine.name, client_id, host, self.region.base, self.buf.size,
                                    "ssd")
             self.rescan = self.mount()
         except BaseException:
