@@ -7,7 +7,7 @@ import json
 import etcd3gw
 import pytest
 
-from mooncake_cli.conductor.etcd_registry import PREFIX, parse
+from mooncake_cli.api.registration import PREFIX, parse
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig
 from mooncake_cli.config.worker import WorkerConfig

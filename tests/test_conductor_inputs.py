@@ -147,7 +147,7 @@ def test_unbook_releases_pipeline_stages(conductor: ConductorService) -> None:
 def test_etcd_value_that_is_not_an_object_is_skipped(etcd: str) -> None:
     import etcd3gw
 
-    from mooncake_cli.conductor.etcd_registry import PREFIX, parse
+    from mooncake_cli.api.registration import PREFIX, parse
     from mooncake_cli.conductor.registry_watch import RegistryWatch
 
     registry = etcd + "/inputs"

@@ -16,7 +16,7 @@ from typing import Any
 import etcd3gw
 import pytest
 
-from mooncake_cli.conductor.etcd_registry import parse
+from mooncake_cli.api.registration import parse
 from mooncake_cli.conductor.peer_records import PREFIX
 from mooncake_cli.http import jsonhttp
 from mooncake_cli.http.auth import signer

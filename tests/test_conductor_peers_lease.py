@@ -12,7 +12,7 @@ import pytest
 from etcd3gw.lease import Lease
 
 from mooncake_cli.api.errors import ServingError
-from mooncake_cli.conductor.etcd_registry import parse
+from mooncake_cli.api.registration import parse
 from mooncake_cli.conductor.peers import Peers
 from mooncake_cli.conductor.service import ConductorService
 from mooncake_cli.config.conductor import ConductorConfig

@@ -364,7 +364,7 @@ def test_etcd_registrations_are_signed(etcd: str) -> None:
     """With the secret, the conductor ignores registrations written into etcd by anyone else."""
     import etcd3gw
 
-    from mooncake_cli.conductor.etcd_registry import PREFIX, parse
+    from mooncake_cli.api.registration import PREFIX, parse
     from mooncake_cli.conductor.service import ConductorService
     from mooncake_cli.config import TransferConfig
     from mooncake_cli.worker.decode import DecodeWorker

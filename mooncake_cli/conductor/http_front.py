@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from mooncake_cli.api import openai as oa
 from mooncake_cli.api import roles
+from mooncake_cli.api.registration import DEREGISTER, REGISTER
 from mooncake_cli.api.schema import parse
 from mooncake_cli.conductor.identities import Identities
 from mooncake_cli.conductor.live import Conductor
@@ -33,7 +34,7 @@ from mooncake_cli.http.server import body, note, sse, text_response
 
 OPENAI = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/instances")
 AUDITED = {"/v1/completions": "completion", "/v1/chat/completions": "completion",
-           "/v1/instances/register": "register", "/v1/instances/deregister": "deregister"}
+           REGISTER: "register", DEREGISTER: "deregister"}
 
 
 def routes(conductor: Conductor, identities: Identities | None = None) -> list[Route]:
@@ -107,6 +108,5 @@ def routes(conductor: Conductor, identities: Identities | None = None) -> list[R
     return [Route("/v1/completions", completions, methods=post),
             Route("/v1/chat/completions", chat, methods=post),
             Route("/v1/models", models), Route("/v1/instances", list_instances),
-            Route("/v1/instances/register", register, methods=post),
-            Route("/v1/instances/deregister", deregister, methods=post),
+            Route(REGISTER, register, methods=post), Route(DEREGISTER, deregister, methods=post),
             Route("/health", health), Route("/metrics", metrics)]

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from mooncake_cli.conductor.etcd_registry import parse
+from mooncake_cli.api.registration import parse
 from mooncake_cli.conductor.etcd_watch import Entry, PrefixWatch
 from mooncake_cli.conductor.peer_bookings import PeerBookings
 from mooncake_cli.conductor.peer_index import PeerIndex, index_record

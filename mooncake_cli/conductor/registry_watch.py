@@ -1,22 +1,22 @@
 """RegistryWatch: the conductor's side of instance registration through etcd (`--registry`).
 
 Workers keep their registration bodies under `/mooncake/instances/CLUSTER/NAME` on a lease,
-rewritten every heartbeat (`mooncake_cli.conductor.etcd_registry.EtcdRegistrar`). The conductor
-lists the prefix once and then watches it (`PrefixWatch`): each write registers (or refreshes)
-its instance, each deleted key (a worker that left or whose lease expired) deregisters it at
-once. Several conductors watching one prefix see the same instances. With the cluster secret,
-each body must be signed (`mooncake_cli.http.auth.verify_record`, at most a minute old); unsigned,
+rewritten every heartbeat (`mooncake_cli.worker.etcd_registrar.EtcdRegistrar`; the keys and
+the encoding are `mooncake_cli.api.registration`'s). The conductor lists the prefix once and
+then watches it (`PrefixWatch`): each write registers (or refreshes) its instance, each deleted
+key (a worker that left or whose lease expired) deregisters it at once. Several conductors
+watching one prefix see the same instances. With the cluster secret, each body must be signed
+(`mooncake_cli.http.auth.verify_record`, at most a minute old); unsigned,
 wrongly signed, stale or malformed bodies are ignored (logged once per key).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
 from mooncake_cli.api.errors import ServingError
-from mooncake_cli.conductor.etcd_registry import PREFIX, parse
+from mooncake_cli.api.registration import cluster_prefix, decode, parse
 from mooncake_cli.conductor.etcd_watch import Entry, PrefixWatch
 from mooncake_cli.conductor.instances import Instances
 from mooncake_cli.etcd import EtcdClients
@@ -36,7 +36,7 @@ class RegistryWatch:
         self.secret = secret
         self.joined = joined
         self.clients = EtcdClients(endpoints, timeout)
-        self.prefix = f"{PREFIX}{cluster}/"
+        self.prefix = cluster_prefix(cluster)
         self._names: dict[str, str] = {}  # etcd key -> instance name
         self._bad: set[str] = set()  # keys already warned about
         self.watch = PrefixWatch(self.clients, self.prefix, self, "conductor-etcd-registry")
@@ -67,9 +67,7 @@ class RegistryWatch:
 
     def put(self, entry: Entry) -> None:
         try:
-            body = json.loads(entry.value)
-            if not isinstance(body, dict):
-                raise ValueError(f"a registration must be a JSON object, not {body!r:.80}")
+            body = decode(entry.value)
             if self.secret:
                 body = verify_record(self.secret, body)
             name = self.instances.register(body).name

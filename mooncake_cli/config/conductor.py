@@ -139,7 +139,7 @@ class ConductorConfig:
             raise ConfigError("instance_ttl, poll_interval, request_timeout and bandwidth "
                               "must be positive")
         if self.registry or self.peers:
-            from mooncake_cli.conductor.etcd_registry import parse
+            from mooncake_cli.api.registration import parse
 
             for url in (self.registry, self.peers):
                 if url:

@@ -91,7 +91,7 @@ class WorkerConfig:
         if self.segment_size < 0:
             raise ConfigError("segment_size must not be negative")
         if self.conductor.startswith("etcd://"):
-            from mooncake_cli.conductor.etcd_registry import parse
+            from mooncake_cli.api.registration import parse
 
             parse(self.conductor)
         elif self.conductor and not self.conductor.startswith("http://"):

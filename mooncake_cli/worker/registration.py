@@ -10,13 +10,12 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mooncake_cli.api.registration import DEREGISTER, REGISTER
 from mooncake_cli.http.auth import Signer
 from mooncake_cli.http.jsonhttp import call
-
-if TYPE_CHECKING:
-    from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
+from mooncake_cli.worker.etcd_registrar import EtcdRegistrar
 
 log = logging.getLogger("mooncake.worker")
 
@@ -64,7 +63,7 @@ class Registrar:
 
     def _run(self) -> None:
         while True:
-            if self._post("/v1/instances/register", self.payload()):
+            if self._post(REGISTER, self.payload()):
                 self.registered += 1
             if self._stop.wait(self.interval):
                 return
@@ -73,7 +72,7 @@ class Registrar:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.timeout + 1)
-        if not self._post("/v1/instances/deregister", {"name": name}):
+        if not self._post(DEREGISTER, {"name": name}):
             log.warning("could not deregister %s from %s", name, self.conductor)
 
 
@@ -83,8 +82,6 @@ def register_with(conductor: str, payload: Callable[[], dict[str, Any]], interva
     """A started registrar for `conductor` (an etcd:// registry, or a conductor's URL), or
     None when there is none: every worker role, whatever its engine, registers this way."""
     if conductor.startswith("etcd://"):
-        from mooncake_cli.conductor.etcd_registry import EtcdRegistrar  # etcd3gw: etcd only
-
         return EtcdRegistrar(conductor, payload, interval, secret=secret).start()
     if conductor:
         return Registrar(conductor, payload, interval, auth=auth).start()

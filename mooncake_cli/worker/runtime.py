@@ -27,7 +27,7 @@ from mooncake_cli.worker.metrics import WorkerMetrics
 from mooncake_cli.worker.registration import Registrar, register_with
 
 if TYPE_CHECKING:
-    from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
+    from mooncake_cli.worker.etcd_registrar import EtcdRegistrar
 
 log = logging.getLogger("mooncake.worker")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import etcd3gw
 
-from mooncake_cli.conductor.etcd_registry import parse
+from mooncake_cli.api.registration import parse
 from mooncake_cli.conductor.peer_records import PREFIX
 from mooncake_cli.http import jsonhttp
 from tests.helpers.store_procs import REPO, _env, read_line

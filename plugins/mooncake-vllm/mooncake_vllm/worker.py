@@ -43,7 +43,7 @@ from mooncake_vllm.startlog import new_log
 from mooncake_vllm.stats import EngineStats
 
 if TYPE_CHECKING:
-    from mooncake_cli.conductor.etcd_registry import EtcdRegistrar
+    from mooncake_cli.worker.etcd_registrar import EtcdRegistrar
 
 log = logging.getLogger("mooncake.vllm")
 AUDITED = {"/v1/prefill": "prefill", "/v1/kv/handoff": "handoff", "/v1/kv/release": "release",

@@ -1,35 +1,28 @@
-"""Instance registration through etcd, for clusters where workers and conductor meet there.
+"""The worker's side of instance registration through etcd (`--conductor etcd://...`).
 
 A worker given `--conductor etcd://HOST:PORT[,HOST:PORT][/CLUSTER]` keeps its registration
-body (role, name, url, load) under `/mooncake/instances/CLUSTER/NAME`, attached to a lease of
-3 heartbeats that it refreshes (rewriting the body, so the load stays current); a worker that
-dies lets the lease, and the key, expire. A conductor given `--registry etcd://...` lists the
-prefix and then watches it (`mooncake_cli.conductor.registry_watch.RegistryWatch`): each write
-registers its instance, a key that disappears deregisters it at once. With the cluster secret,
-each body is signed (`mooncake_cli.http.auth.sign_record`) and the conductor ignores bodies that are
+body (role, name, url, load) under `mooncake_cli.api.registration.cluster_prefix(CLUSTER) + NAME`
+(/mooncake/instances/CLUSTER/NAME), attached to a lease of 3 heartbeats that it refreshes
+(rewriting the body, so the load stays current); a worker that dies lets the lease, and the key,
+expire. A conductor given `--registry etcd://...` watches the prefix
+(`mooncake_cli.conductor.registry_watch.RegistryWatch`). With the cluster secret, each body is
+signed (`mooncake_cli.http.auth.sign_record`) and the conductor ignores bodies that are
 unsigned, wrongly signed or older than a minute.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from mooncake_cli.etcd import EtcdClients, EtcdUrl
+from mooncake_cli.api.registration import cluster_prefix, encode, parse
+from mooncake_cli.etcd import EtcdClients
 from mooncake_cli.http.auth import sign_record
 from mooncake_cli.interfaces import MetadataError
 
 log = logging.getLogger(__name__)
-PREFIX = "/mooncake/instances/"
-
-
-def parse(url: str) -> tuple[list[tuple[str, int]], str]:
-    """([(host, port), ...], cluster) of an etcd://H:P[,H:P][/CLUSTER] URL."""
-    where = EtcdUrl.parse(url, "an etcd registry")
-    return list(where.endpoints), where.cluster
 
 
 class _Etcd(EtcdClients):
@@ -38,7 +31,7 @@ class _Etcd(EtcdClients):
     def __init__(self, url: str, timeout: float) -> None:
         endpoints, cluster = parse(url)
         super().__init__(endpoints, timeout)
-        self.prefix = f"{PREFIX}{cluster}/"
+        self.prefix = cluster_prefix(cluster)
 
 
 class EtcdRegistrar:
@@ -77,7 +70,7 @@ class EtcdRegistrar:
                     alive = False
             if not alive:
                 self._lease = client.lease(ttl=self.ttl)
-            client.put(key, json.dumps(body), lease=self._lease)
+            client.put(key, encode(body), lease=self._lease)
 
         self.etcd.each("register", put)
 
