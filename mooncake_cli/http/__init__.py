@@ -10,13 +10,15 @@ cluster secret and the audit log.
   `events`, `fetch`) and async (`AsyncPeer`), on `h1pool` (keep-alive connections per host, on
   httptools' parser); `background`: the loop the sync calls run on.
 
-Why h1pool for every caller: `scripts/http_client_bench.py` sends small JSON POSTs to an edge
-server in another process over loopback, one after another and 32 at once, through each
-candidate. On the 2-core test VM (2000 requests, best of 3 rounds), h1pool's async peer did
-6700 requests/s one after another (55 us of client CPU each) and 11100 at once (46 us), against
-3400 and 7000 for aiohttp (133 and 82 us) and 1000 and 560 for httpcore's async pool; its sync
-calls, from the caller's thread through the background loop, did 3500 and 6100 requests/s
-(127 and 156 us), against 2400 and 970 for httpcore's sync pool (267 and 1011 us) and 1900 and
-1150 for httpx.Client. So the sync calls, which used httpcore (and httpx for the metadata and
-`mooncake top` requests), go through h1pool too: one pool, one set of timeouts and bounds.
+Why h1pool for every caller: `scripts/http_client_bench.py --requests 2000 --concurrency 32
+--rounds 3` sends small JSON POSTs to an edge server in another process over loopback, one after
+another and 32 at once, through each candidate (best round of each). On the shared 2-core test
+VM, requests/s one after another / 32 at once, and client CPU per request:
+- async: h1pool's AsyncPeer 6650 / 6200 (58 / 60 us); aiohttp 3350 / 4300 (157 / 130 us);
+  httpcore's async pool 1400 / 270; httpx.AsyncClient 860 / 370.
+- sync: `call` through the background loop 3300 / 6200 (161 / 107 us); httpcore's sync pool
+  (what `call` used) 2000 / 1200 (232 / 698 us); httpx.Client (the metadata client and
+  `mooncake top`) 1900 / 1100 (405 / 939 us).
+An earlier run on the same VM gave the same order. So every caller goes through h1pool: one
+pool per loop, one set of timeouts and bounds (tests/test_h1pool.py, tests/test_jsonhttp.py).
 """
