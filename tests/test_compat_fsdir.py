@@ -192,7 +192,7 @@ def test_files_outlive_a_killed_master_and_a_departed_client(root: Path) -> None
     m = our_master(root, port)
     a = _ours(str(m.ready["address"]))
     assert a.put_batch(["x", "y"], [b"x" * 5000, b"y" * 7000]) == 0
-    a._client.files.flush()
+    a._conn.client.files.flush()
     m.proc.kill()  # kill -9: the master's index is gone
     m.proc.wait()
     a.close()
@@ -200,7 +200,7 @@ def test_files_outlive_a_killed_master_and_a_departed_client(root: Path) -> None
     try:
         b = _ours(str(m2.ready["address"]))
         assert b.get("x") == b"x" * 5000 and b.get_size("y") == 7000
-        assert sorted(b._client.list()) == ["x", "y"]
+        assert sorted(b._conn.client.list()) == ["x", "y"]
         assert b.remove_by_regex("^x$") == 1 and b.is_exist("x") == 0
         assert b.remove("y") == 0 and b.remove("y") == -704
         b.close()
@@ -213,8 +213,8 @@ def test_a_damaged_file_is_not_served_and_files_are_private(root: Path) -> None:
     try:
         s = _ours(str(m.ready["address"]))
         assert s.put("k", b"v" * 4096) == 0
-        s._client.files.flush()
-        path = Path(s._client.files.path("k"))
+        s._conn.client.files.flush()
+        path = Path(s._conn.client.files.path("k"))
         assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the values are the user's alone
         assert {stat.S_IMODE(d.stat().st_mode) for d in (path.parent, path.parent.parent,
                                                          root / CLUSTER)} == {0o700}
@@ -265,7 +265,7 @@ def test_writes_still_queued_at_exit_are_written(root: Path) -> None:
         subprocess.run([sys.executable, "-c", code, str(m.ready["address"])], check=True,
                        timeout=60)  # no close(): the interpreter's exit writes the queue
         s = _ours(str(m.ready["address"]))
-        assert all(s._client.files.size(f"k{i}") == 4 << 20 for i in range(8))
+        assert all(s._conn.client.files.size(f"k{i}") == 4 << 20 for i in range(8))
         s.close()
     finally:
         m.stop()
@@ -312,7 +312,7 @@ def test_a_reader_falls_back_to_the_file_when_the_holder_was_killed(root: Path) 
             "assert s.setup('127.0.0.1', 'P2PHANDSHAKE', 16 << 20, 16 << 20, 'tcp', '', "
             "sys.argv[1]) == 0\n"
             "assert s.put('held', b'h' * 100_000) == 0\n"
-            "s._client.files.flush()\nprint('ready', flush=True)\ntime.sleep(60)\n")
+            "s._conn.client.files.flush()\nprint('ready', flush=True)\ntime.sleep(60)\n")
     writer = subprocess.Popen([sys.executable, "-c", code, str(m.ready["address"])],
                               stdout=subprocess.PIPE, text=True)
     try:

@@ -179,8 +179,8 @@ def test_rdma_without_a_device_runs_on_what_the_warning_names(
         value = np.random.default_rng(4).bytes(MiB + 3)
         assert store.put("over-rdma", value, config) == 0
         assert other.get("over-rdma") == value  # read from the first store's segment
-        assert other._engine is not None
-        used = other._engine.transport_for(store.get_hostname())
+        assert other._conn.engine is not None
+        used = other._conn.engine.transport_for(store.get_hostname())
         named = line.split("transfers use ")[1].split(" instead")[0].split(", ")
         assert used in named and used != "nixl", (used, line)
     finally:

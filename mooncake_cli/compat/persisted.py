@@ -6,7 +6,7 @@ killed before the master noticed). A put of a key with a file is an existing obj
 unchanged); an upsert replaces both; a removal removes both.
 
 The compat store wraps its StoreClient in this only when the master names a directory
-(`GetFsdir`), so a store without one pays nothing.
+(`StoreClient.root_fs_dir`), so a store without one pays nothing.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from typing import Any
 
 from mooncake_cli.compat.fs_tier import FileTier
 from mooncake_cli.store.client.values import Gathered, readable
-from mooncake_cli.store.errors import BufferOverflow, ErrorCode, InvalidParams, StoreError
+from mooncake_cli.store.errors import BufferOverflow, InvalidParams, StoreCode, StoreError
 from mooncake_cli.store.records import ReplicateConfig
-from mooncake_cli.store.wire import protocol as p
 
 log = logging.getLogger("mooncake.compat")
-NOT_FOUND = ErrorCode.OBJECT_NOT_FOUND
-Codes = list[int]  # (inside PersistedClient `list` is the method)
+NOT_FOUND = StoreCode.OBJECT_NOT_FOUND
 
 
 def snapshot(value: Any) -> bytes:
@@ -32,7 +30,8 @@ def snapshot(value: Any) -> bytes:
     return b"".join(view.parts) if isinstance(view, Gathered) else bytes(view)
 
 
-UNREADABLE = (NOT_FOUND, ErrorCode.TRANSFER_FAIL, ErrorCode.INVALID_REPLICA)
+Removals = list[StoreError | None]  # (inside PersistedClient `list` is the method)
+UNREADABLE = (NOT_FOUND, StoreCode.TRANSFER_FAIL, StoreCode.INVALID_REPLICA)
 
 
 def _missing(result: object) -> bool:
@@ -40,16 +39,6 @@ def _missing(result: object) -> bool:
     no replica of it could be read (its holder died and the master does not know yet, or the
     bytes failed their checksum)."""
     return isinstance(result, StoreError) and result.code in UNREADABLE
-
-
-def fs_dir_of(client: Any) -> str:
-    """The directory the master tells clients to persist to ("" for none, or a master that
-    does not know the request)."""
-    try:
-        return str(client._rpc.call(p.GetFsdir(), str))
-    except StoreError as e:
-        log.debug("the master names no root_fs_dir: %s", e)
-        return ""
 
 
 class PersistedClient:
@@ -67,7 +56,7 @@ class PersistedClient:
     def put(self, key: str, data: Any, config: ReplicateConfig | None = None,
             upsert: bool = False) -> None:
         if not upsert and self.files.exists(key):
-            raise StoreError(f"object {key!r} exists (persisted)", ErrorCode.OBJECT_ALREADY_EXISTS)
+            raise StoreError(f"object {key!r} exists (persisted)", StoreCode.OBJECT_ALREADY_EXISTS)
         self._inner.put(key, data, config, upsert)
         self.files.write(key, snapshot(data))
 
@@ -80,7 +69,7 @@ class PersistedClient:
         todo = [i for i, k in enumerate(keys) if upsert or not self.files.exists(k)]
         for i in set(range(len(keys))) - set(todo):
             out[i] = StoreError(f"object {keys[i]!r} exists (persisted)",
-                                ErrorCode.OBJECT_ALREADY_EXISTS)
+                                StoreCode.OBJECT_ALREADY_EXISTS)
         if todo:
             got = self._inner.batch_put([keys[i] for i in todo], [values[i] for i in todo],
                                         config, upsert)
@@ -155,11 +144,11 @@ class PersistedClient:
             return
         self.files.remove(key)
 
-    def removed(self, keys: Sequence[str], codes: Codes) -> Codes:
-        """A batch removal's codes after the files of its keys went too (a key only a file
-        held counts as removed)."""
-        return [0 if (rc == 0 or rc == NOT_FOUND) and self.files.remove(k) else rc
-                for k, rc in zip(keys, codes, strict=True)]
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> Removals:
+        """As the client's, the files of the keys removed too (a key only a file held counts
+        as removed)."""
+        return [None if (e is None or e.code == NOT_FOUND) and self.files.remove(k) else e
+                for k, e in zip(keys, self._inner.batch_remove(keys, force), strict=True)]
 
     def remove_all(self, force: bool = False) -> int:
         before = set(self._inner.list())

@@ -1,6 +1,6 @@
 """The compat store's session forms (upstream's batch_put_session_* with
 batch_put_from_multi_buffer_ranges, batch_get_session_* with
-batch_get_into_multi_buffer_ranges), bound onto MooncakeDistributedStore: an object built from
+batch_get_into_multi_buffer_ranges): an object built from
 byte ranges of caller buffers, then made readable at once; objects read once and their ranges
 copied out as often as wanted.
 
@@ -17,33 +17,10 @@ from typing import Any
 
 from mooncake_cli.compat import ranges
 from mooncake_cli.compat.codes import BAD, EXISTS, code_of
+from mooncake_cli.compat.connection import Connection
 from mooncake_cli.compat.types import native
 from mooncake_cli.store.errors import StoreError
 from mooncake_cli.store.records import MAX_OBJECT_SIZE
-
-
-def _sessions(store: Any) -> tuple[dict[str, tuple[bytearray, Any]], dict[str, Any]]:
-    return store._put_sessions, store._get_sessions
-
-
-def batch_put_session_start(self: Any, keys: list[str], sizes: list[int],
-                            config: Any = None) -> list[int]:
-    puts, _ = _sessions(self)
-    if len(keys) != len(sizes):
-        return [BAD] * len(keys)
-    found = self._run(lambda c: list(c.batch_exists(keys)), lambda e: [e] * len(keys))
-    out: list[int] = []
-    for key, size, there in zip(keys, sizes, found, strict=True):
-        if isinstance(there, StoreError) or type(there) is int:
-            out.append(code_of(there) if isinstance(there, StoreError) else there)
-        elif there or key in puts:
-            out.append(EXISTS)
-        elif not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_OBJECT_SIZE:
-            out.append(BAD)
-        else:
-            puts[key] = (bytearray(size), native(config))
-            out.append(0)
-    return out
 
 
 def _copy_ranges(object_: Any, ptrs: list[int], sizes: list[int], offsets: list[int],
@@ -75,65 +52,95 @@ def _ranges(objects: dict[str, Any], keys: list[str], ptrs: list[list[int]],
             for k, p, n, o in zip(keys, ptrs, sizes, offsets, strict=True)]
 
 
-def batch_put_from_multi_buffer_ranges(self: Any, keys: list[str],
-                                       all_buffer_ptrs: list[list[int]],
-                                       all_sizes: list[list[int]],
-                                       all_dst_offsets: list[list[int]]) -> list[int]:
-    """Write each buffer to its key's session object at its destination offset."""
-    staged = {k: data for k, (data, _) in _sessions(self)[0].items()}
-    return _ranges(staged, keys, all_buffer_ptrs, all_sizes, all_dst_offsets, True)
+class Sessions:
+    """The put and get sessions of one compat store, until they end (or the store closes)."""
 
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._puts: dict[str, tuple[bytearray, Any]] = {}  # key -> its object, its config
+        self._gets: dict[str, Any] = {}  # key -> the bytes read
 
-def batch_put_session_end(self: Any, keys: list[str]) -> list[int]:
-    """Put the session objects of `keys` in one batch; per key 0 or its code."""
-    puts, _ = _sessions(self)
-    out = [BAD] * len(keys)
-    ready = [(i, k) for i, k in enumerate(keys) if k in puts]
-    by_config: dict[int, list[tuple[int, str]]] = {}
-    for i, k in ready:
-        by_config.setdefault(id(puts[k][1]), []).append((i, k))
-    for group in by_config.values():
-        names = [k for _, k in group]
-        config = puts[names[0]][1]
-        values = [puts[k][0] for k in names]
-        codes = self._run(lambda c, n=names, v=values, cf=config: [
-            0 if e is None else code_of(e) for e in c.batch_put(n, v, cf, False)],
-            lambda e, n=names: [e] * len(n))
-        for (i, k), rc in zip(group, codes, strict=True):
-            out[i] = rc
-            puts.pop(k, None)
-    return out
+    def clear(self) -> None:
+        self._puts.clear()
+        self._gets.clear()
 
+    def batch_put_session_start(self, keys: list[str], sizes: list[int],
+                                config: Any = None) -> list[int]:
+        puts = self._puts
+        if len(keys) != len(sizes):
+            return [BAD] * len(keys)
+        found: list[bool | StoreError | int] = self._conn.run(
+            lambda c: list(c.batch_exists(keys)), lambda e: [e] * len(keys))
+        out: list[int] = []
+        for key, size, there in zip(keys, sizes, found, strict=True):
+            if isinstance(there, StoreError) or type(there) is int:
+                out.append(code_of(there) if isinstance(there, StoreError) else there)
+            elif there or key in puts:
+                out.append(EXISTS)
+            elif not isinstance(size, int) or isinstance(size, bool) \
+                    or not 0 < size <= MAX_OBJECT_SIZE:
+                out.append(BAD)
+            else:
+                puts[key] = (bytearray(size), native(config))
+                out.append(0)
+        return out
 
-def batch_put_session_revoke(self: Any, keys: list[str]) -> list[int]:
-    puts, _ = _sessions(self)
-    return [0 if puts.pop(k, None) is not None else BAD for k in keys]
+    def batch_put_from_multi_buffer_ranges(self, keys: list[str],
+                                           all_buffer_ptrs: list[list[int]],
+                                           all_sizes: list[list[int]],
+                                           all_dst_offsets: list[list[int]]) -> list[int]:
+        """Write each buffer to its key's session object at its destination offset."""
+        staged = {k: data for k, (data, _) in self._puts.items()}
+        return _ranges(staged, keys, all_buffer_ptrs, all_sizes, all_dst_offsets, True)
 
+    def batch_put_session_end(self, keys: list[str]) -> list[int]:
+        """Put the session objects of `keys` in one batch; per key 0 or its code."""
+        puts = self._puts
+        out = [BAD] * len(keys)
+        ready = [(i, k) for i, k in enumerate(keys) if k in puts]
+        by_config: dict[int, list[tuple[int, str]]] = {}
+        for i, k in ready:
+            by_config.setdefault(id(puts[k][1]), []).append((i, k))
+        for group in by_config.values():
+            names = [k for _, k in group]
+            codes = self._put(names, [puts[k][0] for k in names], puts[names[0]][1])
+            for (i, k), rc in zip(group, codes, strict=True):
+                out[i] = rc
+                puts.pop(k, None)
+        return out
 
-def batch_get_session_start(self: Any, keys: list[str]) -> list[int]:
-    """Read each object once for the ranges to come; per key 0 or its code."""
-    _, gets = _sessions(self)
-    got = self._run(lambda c: list(c.batch_get_buffers(keys)), lambda e: [e] * len(keys))
-    out: list[int] = []
-    for key, data in zip(keys, got, strict=True):
-        if isinstance(data, (bytes, bytearray)):
-            gets[key] = data
-            out.append(0)
-        else:
-            out.append(code_of(data) if isinstance(data, StoreError) else int(data))
-    return out
+    def _put(self, keys: list[str], values: list[bytearray], config: Any) -> list[int]:
+        return self._conn.run(lambda c: [0 if e is None else code_of(e)
+                                         for e in c.batch_put(keys, values, config, False)],
+                              lambda e: [e] * len(keys))
 
+    def batch_put_session_revoke(self, keys: list[str]) -> list[int]:
+        puts = self._puts
+        return [0 if puts.pop(k, None) is not None else BAD for k in keys]
 
-def batch_get_into_multi_buffer_ranges(self: Any, keys: list[str],
-                                       all_buffer_ptrs: list[list[int]],
-                                       all_sizes: list[list[int]],
-                                       all_src_offsets: list[list[int]]) -> list[int]:
-    """Copy each range of its key's session object at its source offset into its buffer."""
-    return _ranges(_sessions(self)[1], keys, all_buffer_ptrs, all_sizes, all_src_offsets, False)
+    def batch_get_session_start(self, keys: list[str]) -> list[int]:
+        """Read each object once for the ranges to come; per key 0 or its code."""
+        gets = self._gets
+        got = self._conn.run(lambda c: list(c.batch_get_buffers(keys)), lambda e: [e] * len(keys))
+        out: list[int] = []
+        for key, data in zip(keys, got, strict=True):
+            if isinstance(data, (bytes, bytearray)):
+                gets[key] = data
+                out.append(0)
+            else:
+                out.append(code_of(data) if isinstance(data, StoreError) else int(data))
+        return out
 
+    def batch_get_into_multi_buffer_ranges(self, keys: list[str],
+                                           all_buffer_ptrs: list[list[int]],
+                                           all_sizes: list[list[int]],
+                                           all_src_offsets: list[list[int]]) -> list[int]:
+        """Copy each range of its key's session object at its source offset into its buffer."""
+        return _ranges(self._gets, keys, all_buffer_ptrs, all_sizes, all_src_offsets,
+                       False)
 
-def batch_get_session_end(self: Any, keys: list[str]) -> int:
-    _, gets = _sessions(self)
-    for k in keys:
-        gets.pop(k, None)
-    return 0
+    def batch_get_session_end(self, keys: list[str]) -> int:
+        gets = self._gets
+        for k in keys:
+            gets.pop(k, None)
+        return 0

@@ -41,7 +41,7 @@ from mooncake_cli.store.errors import (
     TransferFailed,
 )
 from mooncake_cli.store.ha.leader import LeaderInfo, is_ha
-from mooncake_cli.store.records import ObjectMeta, Replica, ReplicateConfig, Segment, StoreStats
+from mooncake_cli.store.records import Mount, ObjectMeta, Replica, ReplicateConfig, StoreStats
 from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.store.wire.fastlane import LaneSlot
 from mooncake_cli.store.wire.rpc import MasterConnection
@@ -83,7 +83,7 @@ class StoreClient:
         self.region: Region | None = None
         self.ledger: Region | None = None
         self.hugepages = False  # whether the DRAM segment really sits on huge pages
-        self.segment: Segment | None = None
+        self.segment: Mount | None = None
         self.holdings = Holdings()
         self.ssd_reads = 0  # batch reads of objects held only on SSD (upstream's offload reads)
         self._stop = threading.Event()
@@ -93,10 +93,10 @@ class StoreClient:
                                                             strict_hugepages)
                 if self._ha:  # where writers leave records of their puts (store/ledger.py)
                     self.ledger = engine.allocate(ledger.SLOT * ledger.SLOTS)
-                self.segment = Segment(engine.name, self.client_id, self.host,
-                                       self.region.base, segment_size,
-                                       ledger=self.ledger.base if self.ledger else 0,
-                                       ledger_slots=ledger.SLOTS if self.ledger else 0)
+                self.segment = Mount(engine.name, self.client_id, self.host,
+                                     self.region.base, segment_size,
+                                     ledger=self.ledger.base if self.ledger else 0,
+                                     ledger_slots=ledger.SLOTS if self.ledger else 0)
                 self._rpc.call(p.MountSegment(self.segment), bool)
             else:
                 self._rpc.call(p.Heartbeat(self.client_id), bool)
@@ -331,6 +331,15 @@ class StoreClient:
         self._call(p.Remove(key, force, self._own()))
         self.holdings.discard(key)
 
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[StoreError | None]:
+        """`remove` of each key in one request; per key None when removed, or the error."""
+        items = self._rpc.call(p.BatchRemove(list(keys), force), list[p.Reply])
+        out: list[StoreError | None] = [self._value(item, None) for item in items]
+        for key, e in zip(keys, out, strict=True):
+            if e is None:
+                self.holdings.discard(key)
+        return out
+
     def remove_all(self, force: bool = False) -> int:
         own = self._own() if force else ""
         held = self.holdings.offsets() if own else {}  # what the removal takes with it
@@ -340,6 +349,15 @@ class StoreClient:
 
     def list(self, prefix: str = "") -> list[str]:
         return list(self._rpc.call(p.List(prefix), list[str]))
+
+    def root_fs_dir(self) -> str:
+        """The directory the master tells clients to persist objects to ("" for none, or a
+        master that does not know the request)."""
+        try:
+            return str(self._rpc.call(p.GetFsdir(), str))
+        except StoreError as e:
+            log.debug("the master names no root_fs_dir: %s", e)
+            return ""
 
     def leader(self) -> LeaderInfo:
         """The leading master (its address; its term and id in an HA store)."""
