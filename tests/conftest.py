@@ -1,17 +1,14 @@
 """Shared fixtures: a real etcd, transfer targets in real separate processes, an HTTP metadata
-server, and a few helpers (wait-for-condition, free ports, child environments)."""
+server, and a few helpers (wait-for-condition, free ports)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.helpers import skips
-from tests.helpers.procs import kill, read_until, remove_shm_of
+from tests.helpers.procs import Child, child_env
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -61,14 +58,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """The test's environment without any MOONCAKE_* setting that could leak in, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
 # -- etcd -------------------------------------------------------------------------------------
@@ -154,7 +143,7 @@ def metadata_server() -> Iterator[object]:
 class Target:
     """A `mooncake transfer serve` child process and what its ready line said."""
 
-    proc: subprocess.Popen[bytes]
+    child: Child
     segment: str
     address: str
     offset: int
@@ -166,22 +155,24 @@ class Target:
         return iter((self.segment, self.proc))
 
     @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.popen
+
+    @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.child.pid
 
     def kill(self) -> None:
         """SIGKILL and reap (a zombie still answers kill(pid, 0)), then drop its shm files."""
-        kill(self.proc)
+        self.child.kill()
 
     def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM (the graceful way) and wait; the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
+        """SIGTERM (the graceful way) and wait; the exit code (TimeoutExpired, the target
+        killed, past `timeout` seconds)."""
+        code = self.child.stop(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.child.cmd, timeout)
+        return code
 
 
 def start_target(buffer_size: int, metadata: str | None = None, secret: str | None = None,
@@ -198,21 +189,9 @@ def start_target(buffer_size: int, metadata: str | None = None, secret: str | No
         cmd += ["--name", name]
     if private:
         cmd += ["--private"]
-    errlog = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, cwd=REPO,
-                            env=child_env(**(env or {})))
-    line = read_until(proc)
-    try:
-        ready = json.loads(line)
-        assert ready["event"] == "ready"
-    except (ValueError, KeyError, AssertionError):
-        proc.kill()
-        proc.wait()
-        errlog.seek(0)
-        pytest.fail(f"target did not become ready: {cmd}\nstdout: {line!r}\n"
-                    f"stderr: {errlog.read().decode(errors='replace')[-3000:]}")
-    errlog.close()
-    return Target(proc, str(ready["segment"]), str(ready["address"]), int(ready["offset"]),
+    child = Child(cmd, child_env(**(env or {})))
+    ready = child.ready_line()
+    return Target(child, str(ready["segment"]), str(ready["address"]), int(ready["offset"]),
                   int(ready["size"]), ready)
 
 
@@ -228,13 +207,7 @@ def spawn_target() -> Iterator[Callable[..., Target]]:
 
     yield spawn
     for t in started:
-        try:
-            t.stop(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        remove_shm_of(t.pid)
-        if t.proc.stdout:
-            t.proc.stdout.close()
+        t.child.stop(10)  # killed past that; its shm files and pipes go either way
 
 
 @pytest.fixture(scope="module")
@@ -242,13 +215,7 @@ def target() -> Iterator[Target]:
     """One 32 MiB target process shared by a module's tests (each test uses its own bytes)."""
     t = start_target(32 << 20)
     yield t
-    try:
-        t.stop(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    remove_shm_of(t.pid)
-    if t.proc.stdout:
-        t.proc.stdout.close()
+    t.child.stop(10)
 
 
 # -- in-process engines -----------------------------------------------------------------------

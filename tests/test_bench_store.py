@@ -17,7 +17,7 @@ from mooncake_cli.bench.store_workload import Row, run_row, verify
 from mooncake_cli.config import TransferConfig
 from mooncake_cli.interfaces import MooncakeError
 from mooncake_cli.registry import Registry
-from tests.conftest import child_env
+from tests.helpers.procs import child_env
 
 TINY = ["--sizes", "4KiB,64KiB", "--batches", "1,3", "--duration", "0.2", "--iterations", "6",
         "--segment-size", "16MiB", "--tensor-sizes", "64KiB"]

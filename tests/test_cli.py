@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -27,7 +25,8 @@ from typer.testing import CliRunner
 
 from mooncake_cli import __version__
 from mooncake_cli.app import app
-from tests.helpers.procs import line_done, read_until
+from tests.helpers import procs
+from tests.helpers.procs import line_done
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN_KEYS = {"group", "name", "package", "version", "available", "reason"}
@@ -76,33 +75,20 @@ class Child:
     """`python -m mooncake_cli ARGS` in its own process, read until its ready output."""
 
     def __init__(self, *args: str, ready: Callable[[bytes], bool]) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
-        env["PYTHONUNBUFFERED"] = "1"
         self.args = args
-        self.errlog = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", *args], cwd=REPO,
-                                     stdout=subprocess.PIPE, stderr=self.errlog, env=env)
-        self.output = read_until(self.proc, ready)
-        if not ready(self.output):
-            self.stop()
-            self.errlog.seek(0)
-            pytest.fail(f"`mooncake {' '.join(args)}` did not become ready; stdout: "
-                        f"{self.output!r}; stderr: {self.errlog.read().decode()[-2000:]}")
+        self.child = procs.Child([sys.executable, "-m", "mooncake_cli", *args],
+                                 procs.child_env())
+        self.output = self.child.ready(ready)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.popen
 
     def json(self) -> dict[str, Any]:
         return json.loads(self.output.splitlines()[0])
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-        self.errlog.close()
+        self.child.stop(10)
         return int(self.proc.returncode)
 
 

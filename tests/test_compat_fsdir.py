@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, child_env, free_port, wait_for
+from tests.conftest import REPO, free_port, wait_for
+from tests.helpers.procs import child_env
 from tests.helpers.store_procs import Proc
 
 os.environ.setdefault("GLOG_minloglevel", "2")

@@ -22,7 +22,8 @@ from mooncake_cli.store.records import Replica
 from mooncake_cli.store.reports import HoldingsReport
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.store.wire import protocol as p
-from tests.conftest import REPO, child_env, free_port, wait_for
+from tests.conftest import REPO, free_port, wait_for
+from tests.helpers.procs import child_env
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,7 +17,8 @@ from mooncake_backends.shm.cma import Cma
 
 from mooncake_cli.interfaces import TransferError
 from mooncake_cli.transfer.batch import Op
-from tests.conftest import Target, child_env
+from tests.conftest import Target
+from tests.helpers.procs import child_env
 
 pytestmark = pytest.mark.timeout(90)
 MiB = 1 << 20

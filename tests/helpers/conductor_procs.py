@@ -4,7 +4,6 @@ that kill one with SIGKILL; a load of clients over them; what etcd holds of thei
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ import etcd3gw
 from mooncake_cli.api.registration import parse
 from mooncake_cli.conductor.peer_records import PREFIX
 from mooncake_cli.http import jsonhttp
-from tests.helpers.store_procs import REPO, _env, read_line
+from tests.helpers.procs import Child, child_env
 
 
 class ConductorProc:
@@ -24,16 +23,17 @@ class ConductorProc:
     prints it once caught up with the others)."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json",
-                                      "conductor", "start", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, cwd=REPO, env=_env())
+        self.child = Child([sys.executable, "-m", "mooncake_cli", "--json", "conductor",
+                            "start", "--port", "0", *args], child_env())
         self.url = ""
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.popen
 
     def serving(self, timeout: float = 120.0) -> ConductorProc:
         if not self.url:
-            event = read_line(self.proc, timeout)
-            assert event.get("event") == "serving", event
-            self.url = str(event["url"])
+            self.url = str(self.child.ready_line("serving", timeout)["url"])
         return self
 
     def health(self) -> dict[str, Any]:
@@ -51,19 +51,10 @@ class ConductorProc:
 
     def kill(self) -> None:
         """SIGKILL: no lease revoked, no key deleted."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        self.child.kill()
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self.child.stop(timeout)
 
 
 class Load:

@@ -23,10 +23,8 @@ from mooncake_cli.http.server import Server, edge_app
 from mooncake_cli.registry import Registry
 from mooncake_cli.transfer.engine import TransferEngine
 from mooncake_cli.worker.stage_host import StageHost, stage_routes
-from tests.helpers import procs
-from tests.helpers.procs import read_line
+from tests.helpers.procs import Child, child_env
 from tests.helpers.stage_ref import BLOCK, TOKENS, blocks_for, model
-from tests.helpers.store_procs import REPO, _env
 
 
 @dataclass
@@ -58,23 +56,25 @@ class StageProc:
     """`python -m tests.helpers.stage_procs` started at once; `ready()` waits for its URL."""
 
     def __init__(self, secret: str, transport: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.stage_procs",
-                                      secret, transport], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, cwd=REPO, env=_env())
+        self.child = Child([sys.executable, "-m", "tests.helpers.stage_procs", secret,
+                            transport], child_env(), stdin=True)
         self.url = self.segment = ""
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.popen
 
     def ready(self, timeout: float = 180.0) -> StageProc:
         if not self.url:
-            line = read_line(self.proc, timeout)
-            assert line.get("event") == "ready", line
+            line = self.child.ready_line("ready", timeout)
             self.url, self.segment = str(line["url"]), str(line["segment"])
         return self
 
     def kill(self) -> None:
-        procs.kill(self.proc)
+        self.child.kill()
 
     def stop(self, timeout: float = 20.0) -> int | None:
-        return procs.stop(self.proc, timeout, term=False)  # it serves until stdin closes
+        return self.child.stop(timeout, term=False)  # it serves until stdin closes
 
 
 def main() -> None:

@@ -4,24 +4,20 @@ and store clients in their own processes (tests/helpers/store_node.py)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import procs
-from tests.helpers.procs import read_line  # the Proc's reader; re-exported for the role helpers
+from tests.helpers.procs import Child, child_env, read_line
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return child_env()
 
 
 class Proc:
@@ -29,10 +25,12 @@ class Proc:
     one JSON command on stdin and reads the JSON line that answers it."""
 
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     cwd=REPO, env={**_env(), **(env or {})})
-        self.ready = read_line(self.proc)
-        assert self.ready.get("event") == "ready", self.ready
+        self.child = Child(cmd, child_env(**(env or {})), stdin=True)
+        self.ready = self.child.ready_line()
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.popen
 
     def ask(self, **cmd: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -41,10 +39,10 @@ class Proc:
         return read_line(self.proc, 20)
 
     def kill(self) -> None:
-        procs.kill(self.proc)
+        self.child.kill()
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        return procs.stop(self.proc, timeout)
+        return self.child.stop(timeout)
 
 
 def start_master(port: int, *extra: str) -> Proc:

@@ -4,7 +4,6 @@ conductor stand-in, and the client side of the prefill -> decode hand-off."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ from starlette.routing import Route
 
 from mooncake_cli.http.jsonhttp import call, events
 from mooncake_cli.http.server import Server, body, edge_app
-from tests.helpers.store_procs import REPO, _env, read_line
+from tests.helpers.procs import Child, child_env
 
 
 class WorkerProc:
@@ -24,14 +23,17 @@ class WorkerProc:
 
     def __init__(self, role: str, *args: str) -> None:
         self.role = role
-        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", role,
-                                      *args], stdout=subprocess.PIPE, cwd=REPO, env=_env())
+        self.child = Child([sys.executable, "-m", "mooncake_cli", "--json", role, *args],
+                           child_env())
         self.info: dict[str, Any] = {}
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.popen
 
     def ready(self, timeout: float = 90.0) -> WorkerProc:
         if not self.info:
-            self.info = read_line(self.proc, timeout)
-            assert self.info.get("event") == "ready", self.info
+            self.info = self.child.ready_line("ready", timeout)
         return self
 
     @property
@@ -40,23 +42,8 @@ class WorkerProc:
 
     def stop(self, timeout: float = 30.0) -> tuple[int | None, list[dict[str, Any]]]:
         """SIGTERM; (exit code, the events printed after the ready line)."""
-        lines: list[dict[str, Any]] = []
-        assert self.proc.stdout is not None
-        if self.proc.stdout.closed:
-            return self.proc.returncode, lines
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc: int | None = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-            rc = None
-        for raw in self.proc.stdout.read().splitlines():
-            if raw.strip():
-                lines.append(json.loads(raw))
-        self.proc.stdout.close()
-        return rc, lines
+        rc = self.child.stop(timeout)
+        return rc, [json.loads(raw) for raw in self.child.rest.splitlines() if raw.strip()]
 
 
 class ConductorRecorder:

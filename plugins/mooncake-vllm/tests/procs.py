@@ -4,14 +4,14 @@ readiness (never a fixed sleep), killed by `stop` / `kill9` even when a test fai
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from tests.helpers.procs import Child
 
 T = TypeVar("T")
 
@@ -38,23 +38,21 @@ class Proc:
 
     def __init__(self, what: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.what, self.log = what, log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.child = Child(argv, env, log=log, cwd=Path.cwd())
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.popen
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.child.pid
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.child.alive()
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(self.child.tail(1 << 20).splitlines()[-lines:])
 
     def wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
         """Poll `ready()` until true; RuntimeError with the log's tail when the process exits
@@ -65,23 +63,10 @@ class Proc:
         self.stop()
         raise RuntimeError(f"{self.what} {why}; log {self.log}:\n{self.tail()}")
 
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)  # the group this process leads (start_new_session)
-        except ProcessLookupError:
-            pass
-
     def kill9(self) -> None:
         """SIGKILL to the process and everything it started; reaped."""
-        self._signal_group(signal.SIGKILL)
-        self.proc.wait()
+        self.child.kill()
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds; the whole group either way."""
-        if self.alive():
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill9()
+        self.child.stop(grace)
