@@ -22,6 +22,7 @@ from mooncake_cli.interfaces import (
 )
 from mooncake_cli.output import Out
 from mooncake_cli.store.errors import StoreError
+from mooncake_cli.transfer import process
 
 try:  # typer >= 0.24 vendors click: its exceptions no longer derive from click's
     from typer.exceptions import TyperException as _ClickBase
@@ -129,6 +130,7 @@ def root(
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx.obj = out
+    process.own()  # every `mooncake` command runs in a process of its own
     if config:
         read_toml(config)  # a missing or malformed file fails every command up front
 
