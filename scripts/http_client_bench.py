@@ -104,7 +104,8 @@ async def async_run(name: str, send: Callable[[], Awaitable[None]], n: int,
     return out
 
 
-def sync_clients(url: str) -> dict[str, Callable[[], None]]:
+def sync_clients(url: str) -> tuple[dict[str, Callable[[], None]],
+                                  list[Callable[[], None]]]:
     import httpcore
     import httpx
 
@@ -126,7 +127,7 @@ def sync_clients(url: str) -> dict[str, Callable[[], None]]:
         jsonhttp.call(url, BODY)
 
     return {"httpcore (sync pool)": core, "httpx.Client": full,
-            "jsonhttp.call (h1pool, background loop)": ours}
+            "jsonhttp.call (h1pool, background loop)": ours}, [pool.close, client.close]
 
 
 Sends = dict[str, Callable[[], Awaitable[None]]]
@@ -193,15 +194,18 @@ def main() -> None:
     try:
         from mooncake_cli.http.server import run_loop
         for _ in range(args.rounds):  # clients alternate within a round: drift hits all alike
-            for name, send in sync_clients(url).items():
+            sends, closers = sync_clients(url)
+            for name, send in sends.items():
                 keep(sync_run(name, send, args.requests, args.concurrency))
+            for close in closers:  # now, not when collected: their sockets' numbers get reused
+                close()
 
             async def rounds() -> None:
-                sends, closers = await async_clients(url)
-                for name, send in sends.items():
-                    keep(await async_run(name, send, args.requests, args.concurrency))
-                for close in closers:
-                    await close()
+                tasks, stops = await async_clients(url)
+                for name, task in tasks.items():
+                    keep(await async_run(name, task, args.requests, args.concurrency))
+                for stop in stops:
+                    await stop()
 
             run_loop(rounds())  # uvloop where installed, as every role runs
     finally:
