@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, child_env
+from tests.conftest import REPO
+from tests.helpers.procs import child_env
 from tests.helpers.store_procs import start_master
 
 pytestmark = pytest.mark.timeout(120)
