@@ -13,6 +13,7 @@ from functools import partial
 import msgspec
 import pytest
 
+from mooncake_cli.api.kv_events import replay_of
 from mooncake_cli.conductor.event_index import Match
 from mooncake_cli.conductor.indexer import Indexer
 from mooncake_cli.conductor.kv_events import (
@@ -25,7 +26,7 @@ from mooncake_cli.conductor.kv_events import (
 from mooncake_cli.conductor.store_index import StoreIndex
 from mooncake_cli.kvkeys import KVNamespace, block_keys
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.master.events import ObjectEvents, replay_of
+from mooncake_cli.store.master.events import ObjectEvents
 from mooncake_cli.store.records import Mount
 from tests.conftest import wait_for
 

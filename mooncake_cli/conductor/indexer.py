@@ -122,7 +122,7 @@ class Indexer:
                      instance_id: str = "store") -> None:
         """Register a store master's events (`mooncake store master --kv-events`) for every
         model; its replay endpoint derived as the master derives it when not given."""
-        from mooncake_cli.store.master.event_wire import replay_of
+        from mooncake_cli.api.kv_events import replay_of
 
         replay = replay_endpoint or replay_of(endpoint)
         self.register(Register(type=STORE, modelname="*", instance_id=instance_id,

@@ -19,6 +19,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_cli.api.kv_events import replay_of
 from mooncake_cli.config import described
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 
@@ -151,8 +152,6 @@ class ConductorConfig:
             raise ConfigError("store_events_replay needs store_events")
         for name in ("store_events", "store_events_replay"):
             if getattr(self, name):
-                from mooncake_cli.store.master.event_wire import replay_of
-
                 try:
                     replay_of(getattr(self, name))  # the form of an endpoint, checked
                 except MooncakeError as e:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mooncake_cli.api.kv_events import endpoint_of
 from mooncake_cli.config import size_field
+from mooncake_cli.etcd import EtcdUrl, is_etcd
 from mooncake_cli.interfaces import ConfigError, MooncakeError
 
 
@@ -43,27 +45,23 @@ class StoreConfig:
     hugepages: bool = False  # node: DRAM segment on huge pages (falls back with a warning)
 
     def __post_init__(self) -> None:
-        from mooncake_cli.store.ha.leader import HaAddress, is_ha
-
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port {self.port} is out of range 0-65535")
         if not -1 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics_port {self.metrics_port} is out of range 0-65535 "
                               f"(-1: no metrics)")
         if self.ha:
-            HaAddress.parse(self.ha)  # ConfigError saying what is wrong
+            EtcdUrl.parse(self.ha, "an HA address")  # ConfigError saying what is wrong
         if self.kv_events_replay and not self.kv_events:
             raise ConfigError("kv_events_replay needs kv_events, the events' endpoint")
         for name in ("kv_events", "kv_events_replay"):
             if getattr(self, name):
-                from mooncake_cli.store.master.events import endpoint_of
-
                 try:
                     endpoint_of(getattr(self, name), self.host)
                 except MooncakeError as e:
                     raise ConfigError(f"{name}: {e}") from None
-        if is_ha(self.master):
-            HaAddress.parse(self.master)
+        if is_etcd(self.master):
+            EtcdUrl.parse(self.master, "an HA address")
         if self.segment_size < 0:
             raise ConfigError("segment_size must not be negative")
         if self.ssd_size < 0:
@@ -82,7 +80,6 @@ class StoreConfig:
             raise ConfigError(f"cluster_id {self.cluster_id!r} must be a directory name")
         if not 0 < self.high_watermark <= 1 or not 0 < self.eviction_ratio <= 1:
             raise ConfigError("high_watermark and eviction_ratio must be in (0, 1]")
-        if self.eviction != "lru":
-            from mooncake_cli.store.eviction import make_policy
-
-            make_policy(self.eviction)  # ConfigError naming the known policies
+        if not isinstance(self.eviction, str) or not self.eviction:
+            raise ConfigError(f"an eviction policy is a name, not {self.eviction!r}")
+        # the name itself is checked when the master makes its policy (store.eviction)

@@ -28,6 +28,7 @@ from functools import partial
 
 import zmq
 
+from mooncake_cli.api.kv_events import endpoint_of
 from mooncake_cli.config.store import StoreConfig
 from mooncake_cli.heap import wait_settling
 from mooncake_cli.interfaces import MooncakeError
@@ -36,7 +37,7 @@ from mooncake_cli.store.errors import StoreCode, StoreError
 from mooncake_cli.store.ha.acks import Acks, Pending
 from mooncake_cli.store.ha.leader import LeaderInfo, NotLeader
 from mooncake_cli.store.master import StoreMaster
-from mooncake_cli.store.master.events import ObjectEvents, endpoint_of
+from mooncake_cli.store.master.events import ObjectEvents
 from mooncake_cli.store.metrics import MetricsServer
 from mooncake_cli.store.wire import curve, protocol
 from mooncake_cli.store.wire.fastlane import serve_lane

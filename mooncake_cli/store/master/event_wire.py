@@ -25,27 +25,6 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-def endpoint_of(value: str, host: str = "127.0.0.1") -> str:
-    """A publisher endpoint from `value`: tcp://HOST:PORT, ipc://PATH, or a bare PORT on
-    `host` (the master's listen address)."""
-    if value.isdigit():
-        value = f"tcp://[{host}]:{value}" if ":" in host else f"tcp://{host}:{value}"
-    replay_of(value)  # StoreError when it is neither
-    return value
-
-
-def replay_of(endpoint: str) -> str:
-    """The replay endpoint derived from a publisher's: the next TCP port (0 stays 0: any free
-    one), or the IPC path with ".replay" appended."""
-    if endpoint.startswith("ipc://"):
-        return endpoint + ".replay"
-    base, _, port = endpoint.rpartition(":")
-    if not endpoint.startswith("tcp://") or not port.isdigit():
-        raise StoreError(f"kv events endpoint {endpoint!r}: use tcp://HOST:PORT or ipc://PATH",
-                         StoreCode.INVALID_PARAMS)
-    return f"{base}:{int(port) + 1 if int(port) else 0}"
-
-
 def _bind(sock: zmq.Socket, endpoint: str) -> str:
     """Bind `endpoint` (a TCP port 0: any free one); the endpoint bound."""
     base, _, port = endpoint.rpartition(":")

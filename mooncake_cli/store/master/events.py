@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 import msgspec
 import zmq
 
-from mooncake_cli.store.master.event_wire import EventWire, endpoint_of, replay_of
+from mooncake_cli.api.kv_events import replay_of
+from mooncake_cli.store.master.event_wire import EventWire
 from mooncake_cli.store.records import ObjectMeta, ReplicaStatus
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ RESYNC_EVERY = 1.0  # seconds between resyncs at most (each sends all the master
 BITS = {"dram": 1, "ssd": 2}  # a set of tiers as bits: the hook runs in the request path
 TIERS_OF = [tuple(t for t, b in BITS.items() if mask & b) for mask in range(4)]
 _COMPLETE = ReplicaStatus.COMPLETE
-__all__ = ["ObjectEvents", "endpoint_of", "held_tiers", "replay_of"]
+__all__ = ["ObjectEvents", "held_tiers"]
 
 
 def held_tiers(meta: ObjectMeta | None) -> int:
