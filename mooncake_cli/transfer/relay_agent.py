@@ -3,7 +3,8 @@ control listener that forwards what they staged to a third segment (or fetches f
 
     agent = RelayAgent(engine, host="10.77.0.2", secret=secret)   # listens at agent.address
 
-Every connection proves the cluster secret first (the engine's HMAC challenge, magic MCR).
+Every connection proves the cluster secret first (the engine's HMAC challenge, magic MCR, at
+its `Door`).
 A connection `lease`s slots of the buffer and gets a write capability for just those bytes:
 the buffer is guarded, so no one else writes there, whatever secret they hold. `forward`
 writes one of its slots to a segment (or reads one into it); never to this engine's own
@@ -23,10 +24,10 @@ from typing import Any
 
 from mooncake_cli.interfaces import MooncakeError, TransferError
 from mooncake_cli.transfer import relay_wire
-from mooncake_cli.transfer.admission import Admission
 from mooncake_cli.transfer.batch import Op, State, TransferRequest
+from mooncake_cli.transfer.door import Door
 from mooncake_cli.transfer.engine import TransferEngine
-from mooncake_cli.transfer.served import Entry, Served
+from mooncake_cli.transfer.served import Entry
 
 log = logging.getLogger("mooncake.transfer.relay")
 
@@ -65,18 +66,14 @@ class RelayAgent:
         self._lock = threading.Lock()
         self._keys = itertools.count()
         self.measured: dict[str, dict[str, float]] = {}  # segment -> this host's probe of it
-        self.served = Served(64, 32)
         sock = socket.create_server((host, port), backlog=64)
         self.host, self.port = sock.getsockname()[:2]
-        self.admission = Admission(sock, relay_wire.MAGIC, secret, self._admit, 64, 16, 5.0,
-                         name="mooncake-relay-accept")
+        self.door = Door(sock, relay_wire.MAGIC, secret, self._serve, "mooncake-relay", limit=64,
+                         per_peer=32, per_peer_pending=16)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
-
-    def _admit(self, conn: socket.socket, peer: str) -> None:
-        self.served.serve(conn, peer, self._serve, "mooncake-relay")
 
     def _serve(self, entry: Entry) -> None:
         conn = entry.conn
@@ -85,18 +82,14 @@ class RelayAgent:
             conn.settimeout(IDLE_TIMEOUT)
             while True:
                 msg = relay_wire.recv(conn)
-                if not self.served.claim(entry):
+                if not self.door.claim(entry):
                     return
                 relay_wire.send(conn, self._handle(msg, held, entry.peer))
-                self.served.release(entry)
+                self.door.release(entry)
         except (OSError, ConnectionError):
             pass  # the caller left (or stalled): its lease goes back below
-        except Exception:
-            log.exception("relay connection failed")
         finally:
             self._give_back(held[0])
-            self.served.remove(entry)
-            conn.close()
 
     def _handle(self, msg: dict[str, Any], held: list[Any], peer: str) -> dict[str, Any]:
         op = msg.get("op")
@@ -189,8 +182,7 @@ class RelayAgent:
                 "links": links, "mtu": {h: route_mtu(h) for h in hosts}}
 
     def close(self) -> None:
-        self.admission.close()
-        self.served.shutdown_all()
+        self.door.close()
 
 
 def probe(engine: TransferEngine, region: Any, local: int, target: str, offset: int,

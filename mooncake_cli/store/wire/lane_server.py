@@ -1,5 +1,5 @@
-"""The master's side of the same-host lane (see fastlane.py): an `Admission` for the handshake, a
-bounded `Served` table, one thread per served connection."""
+"""The master's side of the same-host lane (see fastlane.py): the engine's `Door` (the secret
+handshake, a bounded table of served connections, one thread each) on a Unix socket."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from mooncake_cli.store.wire.lane_frames import (
     spin,
 )
 from mooncake_cli.transfer import wire
-from mooncake_cli.transfer.admission import Admission
-from mooncake_cli.transfer.served import Entry, Served
+from mooncake_cli.transfer.door import Door
+from mooncake_cli.transfer.served import Entry
 
 log = logging.getLogger("mooncake.store")
 MAX_SPINNERS = 1  # connection threads polling for their next request at once (they share a GIL)
@@ -45,16 +45,12 @@ class LaneServer:
         except OSError:
             sock.close()
             raise
-        self.served = Served(max_lanes, max_lanes)
         self._spinners = threading.BoundedSemaphore(MAX_SPINNERS)
         self._last = (0, 0.0)  # (the connection, when) of the last request
         self._crowd_until = 0.0
-        self.admission = Admission(sock, MAGIC, secret.decode() if secret else None, self._admit,
-                         max_pending=64, per_peer_pending=64, name="mooncake-store-lane")
-
-    def _admit(self, conn: socket.socket, peer: str) -> None:
-        if not self.served.serve(conn, peer, self._serve, "mooncake-store-lane-conn"):
-            log.warning("refused a store lane connection: %d open, all busy", len(self.served))
+        self._door = Door(sock, MAGIC, secret.decode() if secret else None, self._serve,
+                          "mooncake-store-lane", limit=max_lanes, pending=64)
+        self.served = self._door.served
 
     def _serve(self, entry: Entry) -> None:
         conn = entry.conn
@@ -69,22 +65,19 @@ class LaneServer:
                 self._await(conn)
                 frames = read_frames(conn, idle_ok=True)
                 if frames is None:
-                    if self.served.idle_for(entry) > IDLE_TIMEOUT:
+                    if self._door.idle_for(entry) > IDLE_TIMEOUT:
                         return
                     continue
-                if not self.served.claim(entry):
+                if not self._door.claim(entry):
                     return
                 self._note(entry)
                 self._serve_one(frames, send)
                 for data in rest:  # what the socket did not take at once, sent now (the
                     conn.sendall(data)  # master's lock let go: a peer that does not read
                 rest.clear()  # stalls its own lane only)
-                self.served.release(entry)
+                self._door.release(entry)
         except (OSError, ConnectionError) as e:
             log.debug("store lane connection ends: %s", e)
-        finally:
-            self.served.remove(entry)
-            conn.close()
 
     def _note(self, entry: Entry) -> None:
         now, (last, when) = time.monotonic(), self._last
@@ -115,8 +108,7 @@ class LaneServer:
             return data
 
     def close(self) -> None:
-        self.admission.close()  # the name is free once it returns
-        self.served.shutdown_all()
+        self._door.close()  # the name is free once it returns
 
 
 def serve_lane(address: str, serve: Callable[[list[bytes], Send], None],
