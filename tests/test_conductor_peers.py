@@ -218,9 +218,9 @@ def test_a_conductor_killed_under_load(workers: dict[str, Any]) -> None:
     for url, status, body in load.outcomes:
         if status is None:  # only the killed one's requests were lost
             assert url == victim.url, (url, body)
-        elif status != 200:  # refused cleanly: a 4xx or 503 with a message
-            assert status < 500 or status == 503, (status, body)
-            assert body["error"]["message"], body
+        else:  # never refused: d0 holds every answer (at most 8 of 3 blocks: 6 clients and
+            # the 2 the victim left running, in its 36), no SLO is set and the queue is 4096
+            assert status == 200, (url, status, body)
     lost = [o for o in load.outcomes if o[1] is None]
     assert len(lost) <= 6  # a client loses one request (then leaves the dead conductor)
 
