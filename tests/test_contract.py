@@ -396,7 +396,10 @@ def test_unregistered_memory_is_refused(transport, make_engine) -> None:
     tgt.unregister(gone)  # the initiator's descriptor and any mapping still name it
     st = run_one(eng, write(eng, src, 0, tgt.name, gone.base, MiB))
     assert st.state is State.FAILED
-    assert "bounds" in st.reason or "no longer registered" in st.reason
+    # shm still maps the region and finds its alive page cleared; the others find no
+    # region there at the target (nixl's "out of bounds: ... is no longer registered")
+    want = "is no longer registered" if transport == "shm" else "out of bounds"
+    assert want in st.reason, st.reason
     assert eng.transfer(Op.READ, src, 0, tgt.name, keep.base, MiB).state is State.COMPLETED
 
 
