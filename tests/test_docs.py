@@ -218,6 +218,31 @@ def test_links_resolve() -> None:
     assert not bad, "\n".join(bad)
 
 
+CODE_PATH = re.compile(r"`((?:mooncake_cli|backends|tests|plugins|scripts|tools)/[\w/.-]+\.py)`")
+DOTTED = re.compile(r"\b(mooncake_cli(?:\.\w+)+)")
+
+
+def _module_exists(dotted: str) -> bool:
+    """Some prefix of `dotted` is a module or package of the repository (the rest: names in it)."""
+    parts = dotted.split(".")
+    return any((REPO.joinpath(*parts[:i]).with_suffix(".py")).exists()
+               or REPO.joinpath(*parts[:i], "__init__.py").exists()
+               for i in range(len(parts), 1, -1))
+
+
+def test_named_code_exists() -> None:
+    """A file path in backticks or a dotted mooncake_cli module the docs name is in the tree:
+    a move that leaves the docs behind fails here."""
+    bad: list[str] = []
+    for path in DOCS:
+        for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            bad += [f"{path.name}:{n}: {m.group(1)}" for m in CODE_PATH.finditer(text)
+                    if not (REPO / m.group(1)).exists()]
+            bad += [f"{path.name}:{n}: {m.group(1)}" for m in DOTTED.finditer(text)
+                    if not _module_exists(m.group(1))]
+    assert not bad, "\n".join(bad)
+
+
 def test_no_paths_of_one_machine() -> None:
     bad = [f"{path.name}:{n}: {m.group(1)}"
            for path in DOCS
