@@ -161,8 +161,19 @@ class AsyncPeer:
                     auth: Signer | None = None) -> Reply:
         """One request with a body of bytes (or none) and extra `headers`; the answer whole."""
         head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode("latin-1")
+        return await self._whole(url, content, method, timeout_s, auth, head)
+
+    async def call(self, url: str, body: Body = None, timeout_s: float = 30.0,
+                   method: str | None = None, auth: Signer | None = None) -> Answer:
+        head = JSON_HEAD if body is not None else b""
+        reply = await self._whole(url, body, method, timeout_s, auth, head)
+        return _answer(reply.status, reply.data, reply.headers)
+
+    async def _whole(self, url: str, body: Body, method: str | None, timeout_s: float,
+                     auth: Signer | None, head: bytes) -> Reply:
+        """One request, its answer read whole; a failure names the URL."""
         try:
-            resp = await self._send(url, content, method, timeout_s, auth or self.auth, head)
+            resp = await self._send(url, body, method, timeout_s, auth or self.auth, head)
             try:
                 data = await resp.read()
             finally:
@@ -170,19 +181,6 @@ class AsyncPeer:
         except OSError as e:
             raise OSError(f"{url}: {type(e).__name__}: {e}") from e
         return Reply(resp.status, data, resp.headers)
-
-    async def call(self, url: str, body: Body = None, timeout_s: float = 30.0,
-                   method: str | None = None, auth: Signer | None = None) -> Answer:
-        try:
-            resp = await self._send(url, body, method, timeout_s, auth or self.auth,
-                                    JSON_HEAD if body is not None else b"")
-            try:
-                data = await resp.read()
-            finally:
-                resp.release()
-        except OSError as e:
-            raise OSError(f"{url}: {type(e).__name__}: {e}") from e
-        return _answer(resp.status, data, resp.headers)
 
     async def events(self, url: str, body: Body = None, timeout_s: float = 60.0,
                      auth: Signer | None = None) -> AsyncIterator[dict[str, Any]]:
