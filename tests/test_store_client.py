@@ -66,8 +66,8 @@ def replicas(c: StoreClient, key: str) -> list[Replica]:
 
 def corrupt(holder: StoreClient, r: Replica, at: int = 0) -> None:
     """Flip a byte of replica `r` straight in the holding client's memory."""
-    assert holder.region is not None and holder.region.view is not None
-    holder.region.view[r.offset - holder.region.base + at] ^= 0xFF
+    assert holder.owner.region is not None and holder.owner.region.view is not None
+    holder.owner.region.view[r.offset - holder.owner.region.base + at] ^= 0xFF
 
 
 def test_round_trips_of_random_sizes(client: Callable[..., StoreClient]) -> None:
@@ -251,13 +251,13 @@ def test_a_client_with_no_segment_beats_at_its_interval(client: Callable[..., St
     a core on each side)."""
     reader = client(segment_size=0, heartbeat=0.2)
     beats: list[float] = []
-    beat = reader.keeper.beat
+    beat = reader.owner.keeper.beat
 
     def counted(wait: float = 0.0) -> bool:
         beats.append(time.monotonic())
         return beat(wait)
 
-    monkeypatch.setattr(reader.keeper, "beat", counted)
+    monkeypatch.setattr(reader.owner.keeper, "beat", counted)
     wait_for(lambda: len(beats) >= 4, 10, what="four heartbeats")
     got = beats[:4]
     gaps = [b - a for a, b in zip(got, got[1:], strict=False)]

@@ -176,7 +176,7 @@ def test_a_lost_batch_end_answer_still_held(service, client) -> None:  # type: i
     slow.set()
     with pytest.raises(RpcFailed):
         c.batch_put(["b1", "b2"], [b"x" * 100, b"y" * 100])
-    assert {"b1", "b2"} <= set(c.holdings.keys())  # recorded: the master did end them
+    assert {"b1", "b2"} <= set(c.owner.holdings.keys())  # recorded: the master did end them
     assert [c.describe(k).complete for k in ("b1", "b2")] == [True, True]
 
 

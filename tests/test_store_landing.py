@@ -75,8 +75,9 @@ def test_a_bad_replica_in_a_mapped_peer_is_refused(clients: Callable[[], StoreCl
     holder.put("k", data, ReplicateConfig(preferred_segment=holder.engine.name))
     r = holder.describe("k").replicas[0]
     assert reader.io.near(r) is not None  # the reader maps the holder's segment
-    assert holder.region is not None and holder.region.view is not None
-    holder.region.view[r.offset - holder.region.base + MiB + 3] ^= 0xFF  # in the last block
+    held = holder.owner.region
+    assert held is not None and held.view is not None
+    held.view[r.offset - held.base + MiB + 3] ^= 0xFF  # in the last block
     with pytest.raises(ChecksumMismatch):
         reader.get_into("k", np.zeros(len(data), dtype=np.uint8))
     with pytest.raises(ChecksumMismatch):
@@ -91,8 +92,8 @@ def test_a_bad_replica_read_in_place_is_still_refused(
     data = os.urandom(MiB)
     holder.put("k", data, ReplicateConfig(preferred_segment=holder.engine.name))
     r = holder.describe("k").replicas[0]
-    assert holder.region is not None and holder.region.view is not None
-    holder.region.view[r.offset - holder.region.base + 10] ^= 0xFF
+    assert holder.owner.region is not None and holder.owner.region.view is not None
+    holder.owner.region.view[r.offset - holder.owner.region.base + 10] ^= 0xFF
     pool = np.zeros(2 * MiB, dtype=np.uint8)
     reader.engine.register(pool)
     with pytest.raises(ChecksumMismatch):

@@ -258,9 +258,9 @@ def test_what_a_client_removes_itself_it_forgets_at_once_and_no_restart_brings_b
         assert a.remove_all(force=True) == 2
         a.batch_put(["kept", "gone", "theirs"], [b"k" * 100, b"g" * 100, b"t" * 100])
         a.remove("gone")
-        assert a.holdings.keys() == ["kept", "theirs"]  # no report needed for our own
+        assert a.owner.holdings.keys() == ["kept", "theirs"]  # no report needed for our own
         other.remove("theirs")  # removed by someone else: a report tells us
-        wait_for(lambda: a.holdings.keys() == ["kept"], 5, what="the removal to be reported")
+        wait_for(lambda: a.owner.holdings.keys() == ["kept"], 5, what="the removal to be reported")
         master.kill()
         procs.append(start_master(port, "--client-ttl", "4"))  # empty: `a` re-registers
         wait_for(lambda: a.exists("kept"), 15, what="the kept key to be registered again")

@@ -212,7 +212,7 @@ def test_corruption_on_ssd_is_caught_and_never_returned(
     (ssd / LOG).write_bytes(b"".join(log))
 
     node = client(ssd_dir=str(ssd))  # size 0: the data file's own
-    scan = node.ssd.rescan if node.ssd else None
+    scan = node.owner.ssd.rescan if node.owner.ssd else None
     assert scan is not None
     assert sorted(scan.registered) == sorted([live, *good])
     assert any(bad_data in s and "checksum" in s for s in scan.skipped)
@@ -223,15 +223,15 @@ def test_corruption_on_ssd_is_caught_and_never_returned(
     assert node.get(good[0]) == vals[good[0]]
     # a byte flipped under a live object: the checksum refuses it at read time
     replica = node.describe(live).replicas[0]
-    assert replica.tier == "ssd" and node.ssd is not None
-    node.ssd.buf.view[replica.offset - node.ssd.segment.base] ^= 0xFF
+    assert replica.tier == "ssd" and node.owner.ssd is not None
+    node.owner.ssd.buf.view[replica.offset - node.owner.ssd.segment.base] ^= 0xFF
     with pytest.raises(ChecksumMismatch):
         node.get(live)
 
 
 def test_a_client_on_hugepages_stores_and_reads(client: Callable[..., StoreClient]) -> None:
     c = client(4 * MiB, hugepages=True)
-    assert c.hugepages == (free_hugepages() >= 2)  # else: the warning, normal pages
+    assert c.owner.hugepages == (free_hugepages() >= 2)  # else: the warning, normal pages
     c.put("k", b"v" * 5000)
     assert c.get("k") == b"v" * 5000
 
@@ -271,13 +271,13 @@ def test_an_ssd_only_client_mounts_again_after_a_master_restart(
 def test_a_move_that_raises_is_answered_as_failed(client: Callable[..., StoreClient],
                                                   tmp_path: Path) -> None:
     node = client(ssd_dir=str(tmp_path / "ssd"), ssd_size=MiB)
-    assert node.ssd is not None and node.region is not None
-    name, host = node.engine.name, node.host
-    bad = Move(2**40, "offload", "odd", Replica(name, node.region.base, 10, "dram", host),
-               Replica(name, node.ssd.segment.base, 20, "ssd", host))  # sizes disagree
-    with node.ssd._lock:
-        node.ssd._apply(MoveOrders(True, (bad,)))
-        unsent = list(node.ssd._unsent)
+    assert node.owner.ssd is not None and node.owner.region is not None
+    name, host = node.engine.name, node.owner.host
+    bad = Move(2**40, "offload", "odd", Replica(name, node.owner.region.base, 10, "dram", host),
+               Replica(name, node.owner.ssd.segment.base, 20, "ssd", host))  # sizes disagree
+    with node.owner.ssd._lock:
+        node.owner.ssd._apply(MoveOrders(True, (bad,)))
+        unsent = list(node.owner.ssd._unsent)
     assert [(r.id, r.ok) for r in unsent] == [(bad.id, False)]
     assert "ValueError" in unsent[0].message
     node.put("after", b"still serving")

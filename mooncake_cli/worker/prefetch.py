@@ -76,7 +76,7 @@ class Prefetcher:
     def own(self) -> str | None:
         """This worker's segment (None: it contributes none, so it cannot prefetch)."""
         store = self.prefix.store
-        return store.engine.name if store.segment is not None else None
+        return store.engine.name if store.owner.segment is not None else None
 
     def start(self, request_id: str, keys: Sequence[str], reason: str) -> Pull | None:
         """Queue a prefetch of `keys` (the prompt's block keys) for `request_id`; the one under

@@ -30,7 +30,7 @@ class PrefixStore:
         self.cache = cache
         self.wire = wire or KVWire("native", cache)
         self.evictions = 0  # blocks found gone (evicted, unreadable) between lookup and read
-        own = store.segment is not None
+        own = store.owner.segment is not None
         self.put_config = ReplicateConfig(preferred_segment=store.engine.name if own else "")
         on_host = cache.pool.device.type == "cpu"
         # a device cache is staged through one host block (the store reads and writes host memory)
@@ -149,7 +149,7 @@ class PrefixStore:
         """Add a replica in this worker's own segment of each loaded block (the cache blocks
         hold the object's bytes); the keys that gained one. A block held here already is
         skipped; failures are logged, never raised."""
-        if not keys or self.store.segment is None:
+        if not keys or self.store.owner.segment is None:
             return []
         try:
             errors = self.store.batch_add_replica(list(keys), self._objects(keys, blocks))

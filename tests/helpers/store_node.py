@@ -32,8 +32,8 @@ def main() -> int:
     args = ap.parse_args()
     engine = TransferEngine(TransferConfig(timeout=3), Registry())
     client = StoreClient(args.master, engine, args.segment_size, secret=args.secret, timeout=3)
-    print(json.dumps({"event": "ready", "segment": engine.name, "client_id": client.client_id}),
-          flush=True)
+    print(json.dumps({"event": "ready", "segment": engine.name,
+                      "client_id": client.owner.client_id}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         try:
@@ -42,7 +42,7 @@ def main() -> int:
                 client.put(cmd["key"], value(cmd["seed"], cmd["size"]), cfg)
                 out: dict[str, object] = {"ok": True}
             elif cmd["cmd"] == "held":
-                out = {"ok": True, "keys": client.holdings.keys()}
+                out = {"ok": True, "keys": client.owner.holdings.keys()}
             else:
                 got = client.get(cmd["key"])
                 out = {"ok": True, "match": got == value(cmd["seed"], cmd["size"])}

@@ -1,13 +1,15 @@
-"""The client's batch put: one batch start, every remote write (and, with HA, each replica's
-ledger record, store/ledger.py) in one engine batch, one batch end; a failed write is revoked.
+"""The client's puts. A batch: one batch start, every remote write (and, with HA, each
+replica's ledger record, store/ledger.py) in one engine batch, one batch end; a failed write is
+revoked. One: the same with a put's own requests (lighter than a batch of one).
 
     errors = batch_put(call, io, holdings, ha, keys, values, config, upsert)
+    put(call, revoke, io, holdings, ha, key, value, config, upsert)  # raises the error it met
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mooncake_cli.interfaces import MooncakeError
@@ -97,6 +99,33 @@ def batch_put(call: Call, io: ReplicaIO, holdings: Holdings, ha: bool, keys: Seq
                 mine.pop(i, None)
         holdings.add_all(list(mine.values()), config)
     return out
+
+
+def put(call: Call, revoke: Callable[[Any], None], io: ReplicaIO, holdings: Holdings, ha: bool,
+        key: str, data: Any, config: ReplicateConfig | None = None, upsert: bool = False) -> None:
+    """Put one value (`revoke(request)` sends the revoke of a failed write)."""
+    view = readable(data)
+    sums: list[str] = [checksum(view)] if ha else []  # else while the master works
+    fused = io.fusing([view], ha)[0]  # or as it is copied into our segment
+    replicas = call(p.PutStart(key, len(view), config, upsert=upsert,
+                               checksum=sums[0] if sums else None, notes=ha),
+                    list[Replica], None if sums or fused else lambda: sums.append(checksum(view)))
+    try:
+        rest = replicas
+        if fused:
+            csum, rest = io.write_hashed(view, replicas)
+            sums.append(csum)
+        csum = sums[0]
+        io.write(view, rest, ledger.notes(key, replicas, csum, config))
+    except MooncakeError as e:  # a StoreError, or the transfer engine's own
+        revoke(p.PutRevoke(key))
+        if isinstance(e, StoreError):
+            raise
+        raise TransferFailed(f"writing {key!r}: {e}") from e
+    call(p.PutEnd(key, csum))
+    own = [r for r in replicas if r.segment == io.engine.name]
+    if own:
+        holdings.add(key, own[0], csum, config)
 
 
 def _revoke(call: Call, keys: list[str]) -> None:

@@ -7,22 +7,34 @@ whose first pick fails (a transfer error or a bad checksum) then tries its other
 (ReplicaIO.read).
 
     got = read_into(io, keys, replica_lists, [memoryview(b) for b in bufs], bufs)
+
+The `read_*` forms over a master's answer (`read_found`, `read_into_buffers`, `read_into_new`)
+are the store client's batch gets after their request: per key the value or the error it met.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mooncake_cli.store.client.replica_io import ReplicaIO
 from mooncake_cli.store.client.values import Gathered
-from mooncake_cli.store.errors import BufferOverflow, ObjectNotFound, StoreError
+from mooncake_cli.store.errors import (
+    BufferOverflow,
+    InvalidParams,
+    ObjectNotFound,
+    RpcFailed,
+    StoreError,
+)
 from mooncake_cli.store.records import Replica
+from mooncake_cli.store.wire import protocol as wire
 from mooncake_cli.transfer.batch import Op, TransferRequest
+from mooncake_cli.transfer.segment import host_view
 
+FOUND = wire.Found | wire.batch(list[Replica])  # a batch get's answer: short or per key
 COPIERS = min(4, os.cpu_count() or 1)
 PARALLEL = 4 << 20  # bytes of near copies in one batch from which they are shared out
 _pool: ThreadPoolExecutor | None = None
@@ -131,4 +143,72 @@ def read_scattered(io: ReplicaIO, keys: Sequence[str], replicas: Sequence[Sequen
         if all(w is None for w in whys[a:b]) and \
                 io._check(keys[i], r, Gathered([p for p in parts[i] if p.nbytes]), []):
             out[i] = r.size
+    return out
+
+
+def only_on_ssd(lists: Sequence[Any]) -> int:
+    """How many of these replica lists are of objects held only on SSD."""
+    return sum(1 for rs in lists if isinstance(rs, list) and rs
+               and all(r.tier == "ssd" for r in rs))
+
+
+def read_found(io: ReplicaIO, keys: Sequence[str], items: Any) -> list[bytes | StoreError]:
+    """The value of each key from its replicas in `items` (FOUND), or the error it met."""
+    if type(items) is wire.Found:  # every key found, one replica each on one segment
+        lists = items.replicas()
+        if len(lists) != len(keys):
+            raise RpcFailed(f"the master found {len(lists)} of {len(keys)} keys")
+        return io.read_batch(keys, lists)
+    found: list[tuple[int, list[Replica]]] = []
+    out: list[bytes | StoreError] = []
+    for i, item in enumerate(wire.each(items)):
+        if isinstance(item, StoreError):
+            out.append(item)
+        else:
+            found.append((i, item))
+            out.append(b"")
+    got = io.read_batch([keys[i] for i, _ in found], [rs for _, rs in found])
+    for (i, _), value in zip(found, got, strict=True):
+        out[i] = value
+    return out
+
+
+def read_into_buffers(io: ReplicaIO, keys: Sequence[str],
+                      lists: Sequence[list[Replica] | StoreError],
+                      buffers: Sequence[Any]) -> tuple[list[int | StoreError], int]:
+    """Each key read into its buffer: the bytes read, or the error it met; and how many of
+    those read were held only on SSD."""
+    out: list[int | StoreError | None] = [None] * len(keys)
+    todo: list[tuple[int, list[Replica], memoryview]] = []
+    for i, (buf, item) in enumerate(zip(buffers, lists, strict=True)):
+        if isinstance(item, StoreError):
+            out[i] = item
+            continue
+        try:
+            todo.append((i, item, host_view(buf)[0]))
+        except ValueError as e:
+            out[i] = InvalidParams(f"cannot read into {type(buf).__name__}: {e}")
+    got = read_into(io, [keys[i] for i, _, _ in todo], [rs for _, rs, _ in todo],
+                    [d for _, _, d in todo], [buffers[i] for i, _, _ in todo])
+    for (i, _, _), value in zip(todo, got, strict=True):
+        out[i] = value
+    return out, only_on_ssd([rs for _, rs, _ in todo])  # type: ignore[return-value]
+
+
+def read_into_new(io: ReplicaIO, keys: Sequence[str], lists: Sequence[list[Replica] | StoreError],
+                  alloc: Callable[[int], Any]) -> list[Any]:
+    """Each key read into a new buffer of its size, `alloc(size)`, or the error it met."""
+    out: list[Any] = []
+    found: list[tuple[int, list[Replica], Any]] = []
+    for i, rs in enumerate(lists):
+        if isinstance(rs, StoreError):
+            out.append(rs)
+            continue
+        out.append(alloc(rs[0].size if rs else 0))
+        found.append((i, rs, out[-1]))
+    got = read_into(io, [keys[i] for i, _, _ in found], [rs for _, rs, _ in found],
+                    [memoryview(b) for _, _, b in found], [b for _, _, b in found])
+    for (i, _, _), value in zip(found, got, strict=True):
+        if isinstance(value, StoreError):
+            out[i] = value
     return out

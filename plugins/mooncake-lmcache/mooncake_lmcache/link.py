@@ -47,7 +47,7 @@ class StoreLink:
                                        f"answer within {settings.timeout:g} s: {e}") from e
             raise StoreUnreachable(f"cannot join the mooncake store at {settings.master}: "
                                    f"{e}") from e
-        own = self.client.segment.name if self.client.segment is not None else ""
+        own = self.client.owner.segment.name if self.client.owner.segment is not None else ""
         self.replicate = ReplicateConfig(settings.replica_num,
                                          own if settings.prefer_local else "",
                                          soft_pin=settings.soft_pin)
