@@ -22,7 +22,6 @@ from mooncake_cli.interfaces import (
 )
 from mooncake_cli.output import Out
 from mooncake_cli.store.errors import StoreError
-from mooncake_cli.transfer import process
 
 try:  # typer >= 0.24 vendors click: its exceptions no longer derive from click's
     from typer.exceptions import TyperException as _ClickBase
@@ -130,7 +129,6 @@ def root(
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx.obj = out
-    process.own()  # every `mooncake` command runs in a process of its own
     if config:
         read_toml(config)  # a missing or malformed file fails every command up front
 

@@ -78,8 +78,7 @@ class NixlTransport:
         assert self._module is not None
         try:
             api = ucx.load_api(self._module)
-            # UCX's options are process-wide: kept only in mooncake's own process
-            with ucx.quiet_ib(self._module, keep=engine.owns_process):
-                return NixlEndpoint(api, engine)
+            ucx.quiet_ib(self._module)  # before the agent starts UCX
+            return NixlEndpoint(api, engine)
         except Exception as e:
             raise PluginError(f"nixl agent could not start: {type(e).__name__}: {e}") from e

@@ -8,7 +8,6 @@ starts) and `mooncake doctor`.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import glob
 import importlib
@@ -18,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -151,39 +149,21 @@ def fast_paths() -> tuple[list[str], list[str]]:
     return rdma, cuda
 
 
-@contextlib.contextmanager
-def quiet_ib(name: str, keep: bool) -> Iterator[bool]:
-    """Where no RDMA device exists, keep the bundled UCX from loading its InfiniBand modules
-    while the NIXL agent starts UCX inside this block: they bring the bundled libnl-route,
-    whose destructor crashes the process at exit (nixl-cu12 1.5.1). Set as UCX's own MODULES
-    option in the bundled libucs, never as UCX_MODULES in the environment; an explicit
-    UCX_MODULES is UCX's to read and is left alone. `keep`: leave the option set after the
-    block (a process that is mooncake's own, `EngineSide.owns_process`); else it is put back
-    as it was, so a host (vLLM through the plugins) reads UCX's options as it set them; UCX
-    loads its modules once per process, so the agent's start decides that either way.
-    Yields whether the option was set."""
-    ucs = _libucs(name) if "UCX_MODULES" not in os.environ and not fast_paths()[0] else None
-    before = ctypes.create_string_buffer(256)
-    try:
-        ok = ucs is not None and \
-            ucs.ucs_global_opts_get_value(b"MODULES", before, len(before)) == 0 and \
-            ucs.ucs_global_opts_set_value(b"MODULES", b"^ib") == 0
-    except AttributeError:
-        ok = False
-    try:
-        yield ok
-    finally:
-        if ok and not keep:
-            assert ucs is not None
-            ucs.ucs_global_opts_set_value(b"MODULES", before.value)
-
-
-def _libucs(name: str) -> ctypes.CDLL | None:
-    """The bundled libucs: the same file the agent's UCX plugin links, so the same loaded
-    library."""
+def quiet_ib(name: str) -> bool:
+    """Where no RDMA device exists, keep the bundled UCX from loading its InfiniBand modules:
+    they bring the bundled libnl-route, whose destructor crashes the process at exit
+    (nixl-cu12 1.5.1). Set as UCX's own MODULES option in the libucs that the NIXL agent is
+    about to start, not as UCX_MODULES in the environment, which is the host's (this runs inside
+    vLLM through the plugins); an explicit UCX_MODULES is UCX's to read and is left alone.
+    It stays set in a host's process too: UCX loads its modules lazily, so putting the option
+    back after the agent starts brings the crash back at the host's exit, and where no RDMA
+    device exists the InfiniBand modules have nothing to drive. Whether the option was set."""
     libs = libs_dir(name)
-    found = glob.glob(os.path.join(libs, "libucs-*.so*")) if libs else []
-    try:
-        return ctypes.CDLL(found[0]) if found else None
-    except OSError:
-        return None
+    if "UCX_MODULES" in os.environ or fast_paths()[0] or libs is None:
+        return False
+    found = glob.glob(os.path.join(libs, "libucs-*.so*"))
+    try:  # the same file the agent's UCX plugin links, so the same loaded library
+        ucs = ctypes.CDLL(found[0]) if found else None
+        return ucs is not None and ucs.ucs_global_opts_set_value(b"MODULES", b"^ib") == 0
+    except (OSError, AttributeError):
+        return False

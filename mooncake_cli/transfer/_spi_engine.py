@@ -112,10 +112,6 @@ class EngineSide(Protocol):
       of the listener, with the transport's 3-byte `magic`) in front of a transport's own
       listening socket; proven connections go to `serve(connection)` on a thread of their
       own, at most `limit` at once. `spi.prove(sock, magic, secret, what)` is its client side.
-    - `owns_process`: whether the process is mooncake's own (a `mooncake` command), where a
-      transport may leave process-wide options set (UCX's, for nixl); else it is a host's
-      that loads mooncake as a library, whose process-wide state a transport leaves as it
-      found it.
     """
 
     @property
@@ -134,10 +130,6 @@ class EngineSide(Protocol):
     @property
     def encrypt(self) -> bool:
         """TLS on the engine's listener and on its links."""
-
-    @property
-    def owns_process(self) -> bool:
-        """Whether process-wide options are this transport's to keep (a `mooncake` command)."""
 
     def describe(self) -> bytes:
         """This engine's descriptor as JSON (the fields of every endpoint included)."""

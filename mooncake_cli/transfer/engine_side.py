@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 from mooncake_cli.interfaces import SegmentDescriptor
-from mooncake_cli.transfer import process
 from mooncake_cli.transfer.capability import Grants
 from mooncake_cli.transfer.client import TargetClient
 from mooncake_cli.transfer.door import Door
@@ -21,10 +20,6 @@ class EngineServices:
                  secret: str | None, timeout: float, encrypt: bool) -> None:
         self.segment, self.grants, self._describe = segment, grants, describe
         self.secret, self.timeout, self.encrypt = secret, timeout, encrypt
-
-    @property
-    def owns_process(self) -> bool:
-        return process.owned()
 
     def describe(self) -> bytes:
         return self._describe()
