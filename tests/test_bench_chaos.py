@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import child_env
+from tests.helpers.procs import child_env
 
 pytestmark = pytest.mark.timeout(180)
 

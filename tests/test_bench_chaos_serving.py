@@ -14,8 +14,9 @@ import pytest
 
 from mooncake_cli.commands.bench_plot import FIGURES
 from mooncake_cli.interfaces import ConfigError
+from tests.helpers.procs import child_env
 from tests.helpers.smollm import NAME
-from tests.helpers.store_procs import REPO, _env
+from tests.helpers.store_procs import REPO
 
 pytestmark = pytest.mark.timeout(2400)
 STREAMS = 4
@@ -24,7 +25,7 @@ STREAMS = 4
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mooncake_cli", "--json", "bench", "chaos",
                            "--serving", *args], capture_output=True, text=True, cwd=REPO,
-                          env=_env(), timeout=2300)
+                          env=child_env(), timeout=2300)
 
 
 def test_every_stream_survives_a_killed_decode_worker(tmp_path: Path) -> None:

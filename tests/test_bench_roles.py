@@ -12,14 +12,15 @@ import psutil
 import pytest
 
 from mooncake_cli.worker.engines import names
-from tests.helpers.store_procs import REPO, _env
+from tests.helpers.procs import child_env
+from tests.helpers.store_procs import REPO
 
 NO_VLLM = pytest.mark.skipif("vllm" in names(), reason="vLLM is installed here")
 
 
 def mooncake(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mooncake_cli", *args], capture_output=True,
-                          text=True, cwd=REPO, env=_env(), timeout=timeout)
+                          text=True, cwd=REPO, env=child_env(), timeout=timeout)
 
 
 def test_conductor_cpu_per_request_on_our_engine() -> None:

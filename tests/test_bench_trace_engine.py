@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.store_procs import REPO, _env
+from tests.helpers.procs import child_env
+from tests.helpers.store_procs import REPO
 
 
 def bench_trace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mooncake_cli", "bench", "trace", *args],
-                          capture_output=True, text=True, cwd=REPO, env=_env(),
+                          capture_output=True, text=True, cwd=REPO, env=child_env(),
                           timeout=timeout)
 
 
@@ -45,7 +46,7 @@ def test_every_policy_against_kvcache_centric_on_the_block_size_given(tmp_path: 
          str(trace), "--local", "2,1", "--engine", "native", "--block-size", "32",
          "--block-tokens", "32", "--max-output", "2", "--kv-blocks", "64",
          "--policy", "kvcache-centric,least-load,random"],
-        capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
+        capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=600)
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)
     assert rep["setup"]["engine"] == "native" and rep["setup"]["block_size"] == 32

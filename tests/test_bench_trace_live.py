@@ -10,7 +10,8 @@ from pathlib import Path
 
 from mooncake_cli.bench.trace_live import Outcome, ReplayConfig, synthesise
 from mooncake_cli.sim.trace import TraceRequest
-from tests.helpers.store_procs import REPO, _env
+from tests.helpers.procs import child_env
+from tests.helpers.store_procs import REPO
 
 
 def test_equal_hash_ids_give_equal_token_blocks() -> None:
@@ -39,7 +40,7 @@ def test_replay_through_a_local_cluster(tmp_path: Path) -> None:
         [sys.executable, "-m", "mooncake_cli", "--json", "bench", "trace", "--trace",
          str(trace), "--local", "1,1", "--policy", "kvcache-centric", "--block-tokens", "16",
          "--max-output", "4", "--kv-blocks", "128", "--plot", str(tmp_path / "live.png")],
-        capture_output=True, cwd=REPO, env=_env(), timeout=240)
+        capture_output=True, cwd=REPO, env=child_env(), timeout=240)
     assert done.returncode == 0, done.stderr.decode()
     run = json.loads(done.stdout)["runs"]["kvcache-centric"]
     assert run["served"] == 6 and run["errors"] == 0
@@ -51,5 +52,5 @@ def test_replay_through_a_local_cluster(tmp_path: Path) -> None:
     plot = json.loads(done.stdout)["plot"]
     assert plot == str(tmp_path / "live.png") and Path(plot).read_bytes().startswith(b"\x89PNG")
     bad = subprocess.run([sys.executable, "-m", "mooncake_cli", "bench", "trace", "--trace",
-                          str(trace)], capture_output=True, cwd=REPO, env=_env(), timeout=120)
+                          str(trace)], capture_output=True, cwd=REPO, env=child_env(), timeout=120)
     assert bad.returncode == 2 and b"--simulate" in bad.stderr

@@ -12,8 +12,9 @@ from pathlib import Path
 from mooncake_cli.bench.trace_live import ReplayConfig, long_prompts, synthesise
 from mooncake_cli.bench.trace_predict import sim_requests
 from mooncake_cli.sim.trace import TraceRequest
+from tests.helpers.procs import child_env
 from tests.helpers.smollm import NAME, gguf_path
-from tests.helpers.store_procs import REPO, _env
+from tests.helpers.store_procs import REPO
 
 
 def test_the_long_prompt_slice_keeps_arrival_times() -> None:
@@ -48,7 +49,7 @@ def test_pipeline_against_centric_live_and_predicted(tmp_path: Path) -> None:
          "kvcache-centric,kvcache-pipeline", "--block-tokens", "64", "--min-input", "200",
          "--max-output", "4", "--kv-blocks", "128", "--threads", "1", "--max-stages", "3",
          "--pipeline-chunk", "64", "--pipeline-min-gain", "0.05"],
-        capture_output=True, cwd=REPO, env=_env(), timeout=600)
+        capture_output=True, cwd=REPO, env=child_env(), timeout=600)
     assert done.returncode == 0, done.stderr.decode()
     rep = json.loads(done.stdout)
     assert rep["requests"] == 4  # requests 0 and 3 have 64-token prompts
@@ -80,5 +81,5 @@ def test_a_slice_that_keeps_nothing_is_refused(tmp_path: Path) -> None:
                                  "hash_ids": [1]}) + "\n")
     bad = subprocess.run([sys.executable, "-m", "mooncake_cli", "bench", "trace", "--trace",
                           str(trace), "--local", "3,1", "--min-input", "100"],
-                         capture_output=True, cwd=REPO, env=_env(), timeout=120)
+                         capture_output=True, cwd=REPO, env=child_env(), timeout=120)
     assert bad.returncode == 2 and b"--min-input" in bad.stderr

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import child_env, free_port, wait_for
+from tests.conftest import free_port, wait_for
+from tests.helpers.procs import child_env
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 pytestmark = pytest.mark.timeout(120)

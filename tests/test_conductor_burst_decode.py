@@ -13,8 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 from mooncake_cli.http import jsonhttp
+from tests.helpers.procs import child_env
 from tests.helpers.prom import value
-from tests.helpers.store_procs import REPO, _env, read_line
+from tests.helpers.store_procs import REPO, read_line
 
 STREAMS = 20
 
@@ -34,7 +35,7 @@ def test_a_burst_of_streams_uses_both_decode_workers(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", "conductor",
                              "start", "--local", "1,2", "--model", "demo", "--port", "0",
                              "--kv-blocks", "256", "--explain", str(explain)],
-                            stdout=subprocess.PIPE, cwd=REPO, env=_env())
+                            stdout=subprocess.PIPE, cwd=REPO, env=child_env())
     try:
         event: dict[str, object] = {}
         while event.get("event") != "serving":

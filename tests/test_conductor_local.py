@@ -8,14 +8,15 @@ import subprocess
 import sys
 
 from mooncake_cli.http import jsonhttp
-from tests.helpers.store_procs import REPO, _env, read_line
+from tests.helpers.procs import child_env
+from tests.helpers.store_procs import REPO, read_line
 
 
 def test_local_cluster_serves_and_stops_cleanly() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", "conductor",
                              "start", "--local", "2,1", "--model", "demo", "--port", "0",
                              "--kv-blocks", "128"], stdout=subprocess.PIPE, cwd=REPO,
-                            env=_env())
+                            env=child_env())
     try:
         events = [read_line(proc, 120) for _ in range(5)]
         assert [e["event"] for e in events] == ["started"] * 4 + ["serving"]
@@ -42,6 +43,6 @@ def test_local_cluster_serves_and_stops_cleanly() -> None:
 
 def test_local_spec_errors() -> None:
     done = subprocess.run([sys.executable, "-m", "mooncake_cli", "conductor", "start",
-                           "--local", "two,1"], capture_output=True, cwd=REPO, env=_env(),
+                           "--local", "two,1"], capture_output=True, cwd=REPO, env=child_env(),
                           timeout=120)
     assert done.returncode == 2 and b"use P,D" in done.stderr

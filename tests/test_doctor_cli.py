@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, child_env, free_port
+from tests.conftest import REPO, free_port
+from tests.helpers.procs import child_env
 
 pytestmark = pytest.mark.timeout(180)
 SYSFS = Path(__file__).parent / "data" / "sysfs"

@@ -16,7 +16,8 @@ from mooncake_backends.nixl.ucx import UcxInfo
 from mooncake_cli.doctor import nixl as doctor_nixl
 from mooncake_cli.doctor.check import DoctorConfig, Status
 from mooncake_cli.registry import Registry
-from tests.conftest import REPO, child_env
+from tests.conftest import REPO
+from tests.helpers.procs import child_env
 
 pytestmark = pytest.mark.timeout(120)
 SYSFS = Path(__file__).parent / "data" / "sysfs"

@@ -9,7 +9,6 @@ listen beyond loopback without a secret. Legitimate requests are still answered.
 from __future__ import annotations
 
 import json
-import os
 import re
 import selectors
 import signal
@@ -32,7 +31,7 @@ from mooncake_cli.http.auth import Signer, sign_record
 from mooncake_cli.store.wire import protocol
 from mooncake_cli.store.wire.rpc import MasterConnection
 from tests.conftest import wait_for
-from tests.helpers.procs import jsonl
+from tests.helpers.procs import child_env, jsonl
 from tests.helpers.sockets import wait_hung_up, wait_read
 from tests.helpers.store_procs import REPO, read_line
 
@@ -43,15 +42,10 @@ BODY = {"model": "demo", "prompt": "mooncake " * 6, "max_tokens": 4, "temperatur
 BEARER = {"Authorization": f"Bearer {API_KEY}"}
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
-
-
 def _spawn(*args: str, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
-                            env=_env(**env))
+                            env=child_env(**env))
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -355,7 +349,7 @@ def test_audit_log_follows_a_request_through_every_role(local) -> None:
 ])
 def test_beyond_loopback_needs_a_secret(args: tuple[str, ...]) -> None:
     done = subprocess.run([sys.executable, "-m", "mooncake_cli", *args], capture_output=True,
-                          cwd=REPO, env=_env(), timeout=120)
+                          cwd=REPO, env=child_env(), timeout=120)
     assert done.returncode == 2, done.stderr
     assert b"--secret-file" in done.stderr and b"MOONCAKE_SECRET" in done.stderr
 

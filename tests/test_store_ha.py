@@ -30,7 +30,8 @@ from mooncake_cli.store.ha.leader import NOT_LEADER, HaAddress, LeaderInfo, Lead
 from mooncake_cli.store.service import MasterService
 from mooncake_cli.store.wire import protocol as p
 from mooncake_cli.transfer.engine import TransferEngine
-from tests.conftest import REPO, child_env, wait_for
+from tests.conftest import REPO, wait_for
+from tests.helpers.procs import child_env
 from tests.helpers.store_procs import Proc, start_ha_master, start_node
 
 pytestmark = pytest.mark.timeout(90)

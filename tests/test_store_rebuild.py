@@ -23,7 +23,8 @@ from mooncake_cli.store.errors import ObjectNotFound
 from mooncake_cli.store.ha.leader import LeaderInfo, LeaderResolver
 from mooncake_cli.store.records import Replica, ReplicaStatus
 from mooncake_cli.store.reports import MAX_REPORT, Held, HoldingsReport
-from tests.conftest import REPO, child_env, free_port, wait_for
+from tests.conftest import REPO, free_port, wait_for
+from tests.helpers.procs import child_env
 from tests.helpers.store_procs import Proc, start_ha_master, start_master, start_node
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,8 +20,9 @@ import pytest
 from mooncake_cli.http import jsonhttp
 from tests.conftest import wait_for
 from tests.helpers.live_cluster import LiveCluster
+from tests.helpers.procs import child_env
 from tests.helpers.prom import samples
-from tests.helpers.store_procs import REPO, Proc, _env, read_line, start_master, start_node
+from tests.helpers.store_procs import REPO, Proc, read_line, start_master, start_node
 
 pytestmark = pytest.mark.timeout(900)
 # long enough for whole 16-token blocks: the second request reuses the first one's prefix
@@ -66,7 +67,7 @@ def summed(got: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str) 
 
 def top(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mooncake_cli", "top", *args],
-                          capture_output=True, text=True, cwd=REPO, env=_env(), timeout=120)
+                          capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=120)
 
 
 def once_json(url: str, *args: str) -> dict[str, Any]:
@@ -118,7 +119,7 @@ def test_once_json_reads_a_store_masters_metrics(cluster: LiveCluster, store: Pr
 def test_json_alone_streams_one_snapshot_per_refresh_with_rates(cluster: LiveCluster) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", "top",
                              "--conductor", cluster.url, "--interval", "0.2"],
-                            stdout=subprocess.PIPE, cwd=REPO, env=_env())
+                            stdout=subprocess.PIPE, cwd=REPO, env=child_env())
     try:
         first, second = read_line(proc, 60), read_line(proc, 60)
     finally:
@@ -148,7 +149,7 @@ def test_bad_input_is_one_error_line(cluster: LiveCluster) -> None:
 def test_a_conductor_with_an_api_key_is_read_with_that_key() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "--json", "conductor",
                              "start", "--model", "smollm2-135m", "--port", "0", "--api-key",
-                             "k-top"], stdout=subprocess.PIPE, cwd=REPO, env=_env())
+                             "k-top"], stdout=subprocess.PIPE, cwd=REPO, env=child_env())
     try:
         url = read_line(proc, 120)["url"]
         refused = top("--conductor", url, "--once")
@@ -175,7 +176,7 @@ class Tmux:
 
     def run(self, *args: str) -> str:
         done = subprocess.run(["tmux", "-L", self.sock, *args], capture_output=True, text=True,
-                              env=_env(), timeout=30)
+                              env=child_env(), timeout=30)
         assert done.returncode == 0, done.stderr
         return done.stdout
 

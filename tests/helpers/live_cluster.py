@@ -9,8 +9,9 @@ import sys
 from typing import Any
 
 from mooncake_cli.http import jsonhttp
+from tests.helpers.procs import child_env
 from tests.helpers.smollm import NAME
-from tests.helpers.store_procs import REPO, _env, read_line
+from tests.helpers.store_procs import REPO, read_line
 
 START_TIMEOUT = 300.0  # the model loads once per worker on 2 shared cores
 
@@ -22,7 +23,7 @@ class LiveCluster:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mooncake_cli", "--json", "conductor", "start", "--local",
              local, "--model", NAME, "--port", "0", "--kv-blocks", str(kv_blocks)],
-            stdout=subprocess.PIPE, cwd=REPO, env=_env())
+            stdout=subprocess.PIPE, cwd=REPO, env=child_env())
         try:
             event: dict[str, Any] = {}
             while event.get("event") != "serving":

@@ -16,10 +16,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 
-def _env() -> dict[str, str]:
-    return child_env()
-
-
 class Proc:
     """`cmd` started with a clean environment (plus `env`), ready once it says so; `ask` sends
     one JSON command on stdin and reads the JSON line that answers it."""
