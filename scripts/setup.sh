@@ -14,7 +14,7 @@ need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 ldconfig -p 2>/dev/null | grep -q libibverbs.so.1 || need+=(libibverbs1)
 command -v man >/dev/null || need+=(man-db groff-base)
-command -v tmux >/dev/null || need+=(tmux)  # tests/test_top.py drives `mooncake top` in it
+command -v tmux >/dev/null || need+=(tmux)  # tests/integration/test_top.py drives `mooncake top` in it
 command -v cc >/dev/null || need+=(gcc)
 "$PY" -c 'import os, sys, sysconfig
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \

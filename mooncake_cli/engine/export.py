@@ -4,8 +4,9 @@ tokenizer (tokenizer.json, tokenizer_config.json with the chat template).
 
 transformers' own GGUF loading does the work (`from_pretrained(dir, gguf_file=...)`, every tensor
 dequantized, then `save_pretrained`): its weights are bit for bit what our loader dequantizes
-(tests/test_models_export.py checks it on the Q4_1 file). The folder is written beside DIR and
-moved into place only when complete, so a failed or interrupted export leaves DIR as it was.
+(tests/integration/test_models_export.py checks it on the Q4_1 file). The folder is written
+beside DIR and moved into place only when complete, so a failed or interrupted export leaves DIR
+as it was.
 `force` replaces only a folder that holds a config.json (an earlier export, say), never one
 that holds the GGUF being read. config.json and tokenizer_config.json also carry the keys that
 transformers 4 (and the vLLM releases built on it) read: `rope_theta`, `torch_dtype` and a

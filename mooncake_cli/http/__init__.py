@@ -20,5 +20,6 @@ VM, requests/s one after another / 32 at once, and client CPU per request:
   (what `call` used) 2000 / 1200 (232 / 698 us); httpx.Client (the metadata client and
   `mooncake top`) 1900 / 1100 (405 / 939 us).
 An earlier run on the same VM gave the same order. So every caller goes through h1pool: one
-pool per loop, one set of timeouts and bounds (tests/test_h1pool.py, tests/test_jsonhttp.py).
+pool per loop, one set of timeouts and bounds (tests/integration/test_h1pool.py,
+tests/integration/test_jsonhttp.py).
 """

@@ -1,6 +1,6 @@
-"""A real prefill worker on one testbed host, for tests/test_testbed_fetch.py (run inside the
-host's namespace: `ip netns exec NS python3 -m tests.helpers.link_worker ...`, its address in
-MOONCAKE_TESTBED_ADDR, the cluster secret in MOONCAKE_SECRET):
+"""A real prefill worker on one testbed host, for tests/integration/test_testbed_fetch.py (run
+inside the host's namespace: `ip netns exec NS python3 -m tests.helpers.link_worker ...`, its
+address in MOONCAKE_TESTBED_ADDR, the cluster secret in MOONCAKE_SECRET):
 
 - `hold`: the store master and a worker that prefills PROMPT_TOKENS tokens, storing their
   blocks in its own segment; prints {"master", "segment", "answer"}, then serves until stdin

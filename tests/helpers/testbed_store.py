@@ -1,6 +1,6 @@
 """A store client on one testbed host (run inside its namespace: `ip netns exec NS python3 -m
 tests.helpers.testbed_store MASTER`, its address in MOONCAKE_TESTBED_ADDR, the cluster secret in
-MOONCAKE_SECRET), for tests/test_testbed_store.py. It contributes a DRAM segment, prints
+MOONCAKE_SECRET), for tests/integration/test_testbed_store.py. It contributes a DRAM segment, prints
 {"event": "ready", "segment"}, then obeys JSON commands on stdin, one per line:
 
     {"cmd": "put", "keys": [...], "size": N}  -> {"ok": true}: each value is `value(key, N)`,
