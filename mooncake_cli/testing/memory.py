@@ -18,7 +18,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mooncake_cli.transfer.spi import EngineSide, Memory, SegmentDescriptor, Slice, TransferError
+from mooncake_cli.transfer.spi import (
+    EngineSide,
+    LocalChannel,
+    Memory,
+    SegmentDescriptor,
+    Slice,
+    TransferError,
+)
 
 _SEGMENTS: dict[str, Memory] = {}  # token -> memory of a live engine in this process
 _LOCK = threading.Lock()
@@ -26,28 +33,13 @@ _LOCK = threading.Lock()
 Handler = Callable[[Slice], "str | None"]
 
 
-class MemoryChannel:
+class MemoryChannel(LocalChannel):
     """Bounds-checked copies into and out of a peer engine's memory: per request (`read`,
-    `write`) or whole batches (`post`)."""
+    `write`, LocalChannel's) or whole batches (`post`)."""
 
     def __init__(self, segment: Memory, transport: MemoryTransport) -> None:
-        self._segment = segment
+        super().__init__(segment)
         self._transport = transport
-        self.broken = False
-        self.spin = True
-
-    def read(self, remote_offset: int, dst: memoryview) -> None:
-        region, start = self._segment.locate(remote_offset, len(dst))
-        dst[:] = region.load(start, len(dst))
-
-    def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
-        region, start = self._segment.locate(remote_offset, len(src))
-        view = region.sink(start, len(src))
-        view[:] = src
-        region.commit(start, view)
-
-    def close(self) -> None:
-        pass
 
     def _copy(self, s: Slice) -> None:
         handler = self._transport.handler

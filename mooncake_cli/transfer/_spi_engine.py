@@ -47,6 +47,29 @@ class Memory(Protocol):
         """(region, start inside it) holding [offset, offset+length); TransferError if none."""
 
 
+class LocalChannel:
+    """A bounds-checked copy into and out of one engine's own memory: the engine's channel to
+    its own segment, and a base for a transport whose peers' memory is in reach."""
+
+    def __init__(self, segment: Memory) -> None:
+        self._segment = segment
+        self.broken = False
+        self.spin = True
+
+    def read(self, remote_offset: int, dst: memoryview) -> None:
+        region, start = self._segment.locate(remote_offset, len(dst))
+        dst[:] = region.load(start, len(dst))
+
+    def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
+        region, start = self._segment.locate(remote_offset, len(src))
+        view = region.sink(start, len(src))
+        view[:] = src
+        region.commit(start, view)
+
+    def close(self) -> None:
+        pass
+
+
 class Capabilities(Protocol):
     """The engine's write capabilities (checked by its listener, never by a transport)."""
 

@@ -6,29 +6,7 @@ import threading
 
 from mooncake_cli.interfaces import SegmentDescriptor, TransferError
 from mooncake_cli.transfer.segment import Segment
-from mooncake_cli.transfer.spi import Channel, Endpoint, Transport
-
-
-class LocalChannel:
-    """The engine's own segment: a bounds-checked memcpy."""
-
-    def __init__(self, segment: Segment) -> None:
-        self._segment = segment
-        self.broken = False
-        self.spin = True
-
-    def read(self, remote_offset: int, dst: memoryview) -> None:
-        region, start = self._segment.locate(remote_offset, len(dst))
-        dst[:] = region.load(start, len(dst))
-
-    def write(self, remote_offset: int, src: memoryview, cap: bytes | None = None) -> None:
-        region, start = self._segment.locate(remote_offset, len(src))
-        view = region.sink(start, len(src))
-        view[:] = src
-        region.commit(start, view)
-
-    def close(self) -> None:
-        pass
+from mooncake_cli.transfer.spi import Channel, Endpoint, LocalChannel, Transport
 
 
 class Peer:

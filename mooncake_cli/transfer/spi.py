@@ -23,10 +23,11 @@ describes, and must never touch local memory outside the `Slice` or view it was 
 
 The protocols a transport implements are here; what the engine hands it (`EngineSide`: its
 memory, write capabilities, descriptor, links to peers' listeners, doors on a transport's own
-sockets, whether the process is mooncake's own) is defined in the SPI's private
-`_spi_engine` and named here. Helpers: `prove`, the client side of a door; `stream_copy(dest,
-src)`, the engine's host memory copy (non-temporal stores on x86-64, without the GIL from
-64 KiB), for transports that copy between mapped memory.
+sockets) is defined in the SPI's private `_spi_engine` and named here. Helpers: `prove`, the
+client side of a door; `LocalChannel(memory)`, a bounds-checked copy into and out of memory in
+reach (the engine's channel to its own segment); `stream_copy(dest, src)`, the engine's host
+memory copy (non-temporal stores on x86-64, without the GIL from 64 KiB), for transports that
+copy between mapped memory.
 
 Optional members the engine uses when present: `Transport.batched`, `rank(peer, local)`,
 `why_priority()`; `Endpoint.shown()`, `withdraw(region)`, `private_fields`, `audit`;
@@ -53,13 +54,14 @@ from mooncake_cli.transfer._spi_engine import (
     Door,
     EngineSide,
     Link,
+    LocalChannel,
     LocalRegion,
     Memory,
 )
 from mooncake_cli.transfer.admission import prove
 
 __all__ = ["BatchChannel", "Capabilities", "Channel", "ConfigError", "Connection", "Door",
-           "EngineSide", "Endpoint", "Link", "LocalRegion", "Memory", "PluginError",
+           "EngineSide", "Endpoint", "Link", "LocalChannel", "LocalRegion", "Memory", "PluginError",
            "RegionInfo", "SegmentDescriptor", "Slice", "TransferError", "Transport", "prove",
            "stream_copy"]
 
