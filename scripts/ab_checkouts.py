@@ -5,8 +5,10 @@ ratio of the figures it prints with --json.
     python3 scripts/ab_checkouts.py --before /tmp/basevenv/bin/mooncake --rounds 3 \\
         --field gbps -- bench transfer --transport tcp --block-size 64KiB --duration 3
 
-Each round runs `BEFORE --json ARGS...` then `AFTER --json ARGS...` (AFTER: this checkout's
-`python3 -m mooncake_cli`), from a scratch directory so neither picks up the other's sources.
+Round 1 runs `BEFORE --json ARGS...` then `AFTER --json ARGS...` (AFTER: this checkout's
+`python3 -m mooncake_cli`), round 2 the other way round, and so on: on this host the first run of
+a pair is faster (shm, 64 KiB: 0.90 either way), so use an even number of rounds. Each runs from
+a scratch directory so neither picks up the other's sources.
 A field is a dotted path into the JSON answer (`rows.0.gbps`); a field given as a bare name is
 looked up anywhere in the answer (the first match, depth first). Prints the median of each side
 and after / before per field, and with --json one object of them.
@@ -75,7 +77,8 @@ def main() -> int:
     got: dict[str, dict[str, list[float]]] = {s: {f: [] for f in a.field} for s in sides}
     with tempfile.TemporaryDirectory() as scratch:
         for r in range(a.rounds):
-            for side, command in sides.items():
+            order = list(sides.items())
+            for side, command in order if r % 2 == 0 else order[::-1]:
                 answer = run([*command, "--json", *args], scratch)
                 for f in a.field:
                     value = find(answer, f)
